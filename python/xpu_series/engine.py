@@ -1,0 +1,178 @@
+"""The one apply engine: classify and commit each patch of a series onto a tree."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from xpu_series.errors import Interrupted
+from xpu_series.git import Git
+from xpu_series.result import PatchOutcome, PatchStatus
+from xpu_series.series import Patch
+
+ProgressHook = Callable[[Patch, int, int], None]
+
+# `git am -k` keeps "[XPU] ..." subjects verbatim; the committer date follows the
+# author date so the same series on the same base always gives the same commits.
+_AM = ("am", "-q", "-k", "--committer-date-is-author-date", "--no-gpg-sign")
+
+
+def _am_in_progress(git: Git) -> bool:
+    return (git.git_dir() / "rebase-apply").exists()
+
+
+def _abort_am(git: Git) -> None:
+    if _am_in_progress(git):
+        git.run("am", "--abort", check=False)
+
+
+def _check_apply(git: Git, patch: Path, *extra: str) -> bool:
+    return git.run("apply", "--check", *extra, str(patch), check=False).ok
+
+
+def _split_by_file(text: str) -> list[str]:
+    chunks: list[str] = []
+    current: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith("diff --git ") and current:
+            chunks.append("".join(current))
+            current = []
+        if line.startswith("diff --git ") or current:
+            current.append(line)
+    if current:
+        chunks.append("".join(current))
+    return chunks
+
+
+def _partially_absorbed(git: Git, patch: Patch) -> bool:
+    """True when some (not all) of the patch's file diffs are already upstream."""
+    chunks = _split_by_file(patch.text)
+    if len(chunks) < 2:
+        return False
+    absorbed = 0
+    for chunk in chunks:
+        result = git.run("apply", "--check", "-R", "-", check=False, input_text=chunk)
+        absorbed += result.ok
+    return 0 < absorbed < len(chunks)
+
+
+def _three_way_in_scratch_index(git: Git, patch: Path) -> bool:
+    """Would a 3-way apply succeed on HEAD? Uses a throwaway index, touches nothing."""
+    with tempfile.TemporaryDirectory(prefix="xpu-series-index-") as tmp:
+        env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+        git.run("read-tree", "HEAD", env=env)
+        result = git.run(
+            "apply", "--cached", "--3way", str(patch), check=False, env=env
+        )
+        return result.ok
+
+
+def classify_patch(git: Git, patch: Patch) -> PatchStatus:
+    """What applying `patch` on HEAD would give, without changing the tree."""
+    if _check_apply(git, patch.path):
+        return PatchStatus.APPLIED
+    if _check_apply(git, patch.path, "-R"):
+        return PatchStatus.ABSORBED
+    if _three_way_in_scratch_index(git, patch.path):
+        return PatchStatus.MERGED
+    if _partially_absorbed(git, patch):
+        return PatchStatus.PARTIAL
+    return PatchStatus.CONFLICT
+
+
+def commit_patch(git: Git, patch: Patch) -> tuple[PatchStatus, str]:
+    """Apply `patch` on HEAD as one commit; on failure the tree is back at HEAD."""
+    if _check_apply(git, patch.path):
+        result = git.run(*_AM, str(patch.path), check=False)
+        if result.ok:
+            return PatchStatus.APPLIED, ""
+        _abort_am(git)
+        return PatchStatus.CONFLICT, _last_line(result.stderr or result.stdout)
+    if _check_apply(git, patch.path, "-R"):
+        return PatchStatus.ABSORBED, "reverse-applies: upstream already has it"
+    result = git.run(*_AM, "-3", str(patch.path), check=False)
+    if result.ok:
+        return PatchStatus.MERGED, "needed a 3-way merge"
+    text = result.stdout + result.stderr
+    _abort_am(git)
+    if "No changes" in text or "already applied" in text:
+        return PatchStatus.ABSORBED, "empty after a 3-way merge: upstream has it"
+    if _partially_absorbed(git, patch):
+        return PatchStatus.PARTIAL, "some file diffs are already upstream"
+    conflicted = [
+        line.split(":", 1)[-1].strip()
+        for line in text.splitlines()
+        if line.startswith("CONFLICT") or "patch failed:" in line
+    ]
+    detail = f"conflict in {', '.join(conflicted)}" if conflicted else _last_line(text)
+    return PatchStatus.CONFLICT, detail
+
+
+def _last_line(text: str) -> str:
+    lines = [line for line in text.strip().splitlines() if line.strip()]
+    return lines[-1] if lines else ""
+
+
+def apply_patches(
+    git: Git, patches: Sequence[Patch], *, on_patch: ProgressHook | None = None
+) -> list[PatchOutcome]:
+    """Commit each patch in order; after a failure, only report the rest.
+
+    Patches after the first failure are still classified against the last good
+    state (so one run shows every problem), but none is committed: the tree stays
+    at the last fully applied patch. A patch that touches a file of a failed
+    patch is `skipped`, since its result would say nothing.
+    """
+    outcomes: list[PatchOutcome] = []
+    failed_files: set[str] = set()
+    first_failure = ""
+    last_good = git.out("rev-parse", "HEAD")
+    try:
+        for index, patch in enumerate(patches):
+            if on_patch:
+                on_patch(patch, index, len(patches))
+            if not patch.exists:
+                outcomes.append(PatchOutcome(patch.name, PatchStatus.MISSING))
+                first_failure = first_failure or patch.name
+                continue
+            base = dict(name=patch.name, concern=patch.concern, files=patch.files)
+            if first_failure:
+                if failed_files.intersection(patch.files):
+                    outcomes.append(
+                        PatchOutcome(
+                            **base,
+                            status=PatchStatus.SKIPPED,
+                            detail=f"touches a file of {first_failure}, which failed",
+                        )
+                    )
+                    continue
+                status = classify_patch(git, patch)
+                outcomes.append(
+                    PatchOutcome(
+                        **base,
+                        status=status,
+                        detail=f"checked only, not committed: {first_failure} failed",
+                    )
+                )
+                continue
+            status, detail = commit_patch(git, patch)
+            commit = ""
+            if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
+                last_good = commit = git.out("rev-parse", "HEAD")
+            elif not status.ok:
+                failed_files.update(patch.files)
+                first_failure = patch.name
+            outcomes.append(
+                PatchOutcome(**base, status=status, detail=detail, commit=commit)
+            )
+    except KeyboardInterrupt:
+        _abort_am(git)
+        git.run("reset", "-q", "--hard", last_good, check=False)
+        raise Interrupted(
+            f"interrupted; {git.repo} was reset to the last fully applied patch "
+            f"({last_good[:12]})",
+            hint="run the same command again to finish",
+        ) from None
+    return outcomes

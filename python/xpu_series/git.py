@@ -1,0 +1,131 @@
+"""The one place that runs subprocesses: git (and pip, through `run_command`)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from xpu_series.errors import GitError
+
+# Identity and settings that make every commit we create reproducible and keep the
+# user's global git configuration (signing, hooks, autocrlf) out of the tree.
+_IDENTITY = {
+    "GIT_AUTHOR_NAME": "xpu-series",
+    "GIT_AUTHOR_EMAIL": "xpu-series@localhost",
+    "GIT_COMMITTER_NAME": "xpu-series",
+    "GIT_COMMITTER_EMAIL": "xpu-series@localhost",
+    "GIT_CONFIG_NOSYSTEM": "1",
+    # A user's global diff/format settings (noprefix, algorithm, signatures) would
+    # change exported bytes; the tree and the patches must not depend on them.
+    "GIT_CONFIG_GLOBAL": "/dev/null",
+    "GIT_TERMINAL_PROMPT": "0",
+    "LC_ALL": "C",
+}
+_CONFIG = (
+    "-c", "commit.gpgsign=false",
+    "-c", "tag.gpgsign=false",
+    "-c", "core.autocrlf=false",
+    "-c", "core.hooksPath=/dev/null",
+    "-c", "init.defaultBranch=main",
+    "-c", "gc.auto=0",
+    "-c", "advice.detachedHead=false",
+    "-c", "am.threeWay=false",
+    "-c", "am.keepcr=false",
+    "-c", "format.signature=",
+)  # fmt: skip
+
+
+@dataclass(frozen=True)
+class Completed:
+    """Captured result of one command."""
+
+    args: tuple[str, ...]
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+
+def run_command(
+    args: Sequence[str],
+    *,
+    cwd: Path | None = None,
+    env: Mapping[str, str] | None = None,
+    input_text: str | None = None,
+    capture: bool = True,
+) -> Completed:
+    """Run a command; output is captured unless the caller wants it shown."""
+    full_env = dict(os.environ)
+    if env:
+        full_env.update(env)
+    proc = subprocess.run(
+        list(args),
+        cwd=cwd,
+        env=full_env,
+        input=input_text,
+        text=True,
+        capture_output=capture,
+        check=False,
+    )
+    return Completed(tuple(args), proc.returncode, proc.stdout or "", proc.stderr or "")
+
+
+class Git:
+    """git bound to one repository, with reproducible identity and settings."""
+
+    def __init__(self, repo: Path) -> None:
+        self.repo = Path(repo)
+
+    def run(
+        self,
+        *args: str,
+        check: bool = True,
+        env: Mapping[str, str] | None = None,
+        input_text: str | None = None,
+    ) -> Completed:
+        full_env = dict(_IDENTITY)
+        if env:
+            full_env.update(env)
+        result = run_command(
+            ["git", *_CONFIG, *args],
+            cwd=self.repo,
+            env=full_env,
+            input_text=input_text,
+        )
+        if check and not result.ok:
+            lines = (result.stderr or result.stdout).strip().splitlines()
+            raise GitError(
+                f"git {' '.join(args[:2])} failed in {self.repo}: "
+                f"{lines[-1] if lines else 'no output'}",
+                hint=f"inspect the tree with 'git -C {self.repo} status'",
+            )
+        return result
+
+    def out(self, *args: str) -> str:
+        return self.run(*args).stdout.strip()
+
+    def is_repo(self) -> bool:
+        if not (self.repo / ".git").exists():
+            return False
+        return self.run("rev-parse", "--git-dir", check=False).ok
+
+    def rev(self, ref: str) -> str | None:
+        result = self.run(
+            "rev-parse", "--verify", "-q", f"{ref}^{{commit}}", check=False
+        )
+        return result.stdout.strip() if result.ok else None
+
+    def dirty_paths(self) -> list[str]:
+        """Tracked changes and untracked files, as porcelain lines."""
+        out = self.run("status", "--porcelain", "--untracked-files=all").stdout
+        return [line for line in out.splitlines() if line.strip()]
+
+    def git_dir(self) -> Path:
+        path = Path(self.out("rev-parse", "--git-dir"))
+        return path if path.is_absolute() else self.repo / path

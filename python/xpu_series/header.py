@@ -1,0 +1,148 @@
+"""Parse a git format-patch file: its subject, description, DEP-3 fields and paths."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+_FIELD = re.compile(r"^([A-Z][A-Za-z-]+):\s*(.*)$")
+# Fields we interpret; any other `Key: value` line in the description is kept verbatim.
+KNOWN_FIELDS = ("Upstream-Status", "Applied-Upstream", "Concern", "Tests")
+_STATUS = re.compile(r"^(Pending|Submitted|Backport|Inappropriate)\b")
+
+
+@dataclass(frozen=True)
+class PatchHeader:
+    """The reviewer-facing part of a patch file."""
+
+    subject: str
+    description: str
+    fields: tuple[tuple[str, str], ...] = field(default=())
+
+    def get(self, key: str) -> str:
+        for name, value in self.fields:
+            if name == key:
+                return value
+        return ""
+
+    def get_all(self, key: str) -> list[str]:
+        return [value for name, value in self.fields if name == key]
+
+    @property
+    def concern(self) -> str:
+        return self.get("Concern")
+
+    @property
+    def tests(self) -> list[str]:
+        out: list[str] = []
+        for value in self.get_all("Tests"):
+            out.extend(v for v in value.replace(",", " ").split() if v)
+        return out
+
+
+def parse_header(text: str) -> PatchHeader:
+    """Split the mail header and the commit message out of a format-patch file.
+
+    >>> h = parse_header("From: a <a@b>\\nSubject: [XPU] Fix it\\n\\nWhy.\\n\\n"
+    ...     "Concern: device-gates\\nTests: t/a.py\\nTests: t/b.py\\n---\\n")
+    >>> (h.subject, h.concern, h.tests)
+    ('[XPU] Fix it', 'device-gates', ['t/a.py', 't/b.py'])
+    """
+    lines = text.splitlines()
+    subject_parts: list[str] = []
+    i = 0
+    in_subject = False
+    while i < len(lines) and lines[i].strip():
+        line = lines[i]
+        if line.startswith("Subject:"):
+            subject_parts = [line[len("Subject:") :].strip()]
+            in_subject = True
+        elif in_subject and line[:1] in (" ", "\t"):
+            subject_parts.append(line.strip())
+        else:
+            in_subject = False
+        i += 1
+    body: list[str] = []
+    for line in lines[i + 1 :]:
+        if line == "---" or line.startswith("diff --git "):
+            break
+        body.append(line)
+    fields: list[tuple[str, str]] = []
+    description: list[str] = []
+    for line in body:
+        match = _FIELD.match(line)
+        if match and match.group(1) in KNOWN_FIELDS:
+            fields.append((match.group(1), match.group(2).strip()))
+        else:
+            description.append(line)
+    return PatchHeader(
+        subject=" ".join(subject_parts),
+        description="\n".join(description).strip(),
+        fields=tuple(fields),
+    )
+
+
+def header_problems(header: PatchHeader) -> list[str]:
+    """What a reviewer would reject in a header (empty when it is well formed)."""
+    problems: list[str] = []
+    if not header.subject:
+        problems.append("has no Subject line")
+    elif not header.subject.startswith("[XPU] "):
+        problems.append(f"subject {header.subject!r} does not start with '[XPU] '")
+    if not header.description:
+        problems.append("has no description for a reviewer")
+    status = header.get("Upstream-Status")
+    if not status:
+        problems.append("has no Upstream-Status field")
+    elif not _STATUS.match(status):
+        problems.append(
+            f"Upstream-Status {status!r} is not Pending, Submitted, Backport "
+            "or Inappropriate"
+        )
+    if not header.concern:
+        problems.append("has no Concern field")
+    return problems
+
+
+def _strip_prefix(raw: str, prefix: str) -> str:
+    raw = raw.strip()
+    if raw.startswith('"') and raw.endswith('"'):
+        raw = raw[1:-1].encode("latin-1", "backslashreplace").decode("unicode_escape")
+    if raw.startswith(prefix):
+        raw = raw[len(prefix) :]
+    return raw
+
+
+def patch_paths(text: str) -> list[str]:
+    """Every path a diff names, in order of first appearance, without a/ b/ prefixes.
+
+    >>> patch_paths("diff --git a/x/y.py b/x/y.py\\n--- a/x/y.py\\n+++ b/x/y.py\\n")
+    ['x/y.py']
+    """
+    seen: dict[str, None] = {}
+    in_file_header = False  # ---/+++ lines count only between `diff --git` and `@@`
+    for line in text.splitlines():
+        if line.startswith("diff --git "):
+            in_file_header = True
+            rest = line[len("diff --git ") :]
+            # `a/<p> b/<p>`: split on the last ' b/' so spaces in names survive.
+            cut = rest.rfind(" b/")
+            if cut < 0:
+                seen.setdefault(rest, None)
+                continue
+            seen.setdefault(_strip_prefix(rest[:cut], "a/"), None)
+            seen.setdefault(_strip_prefix(rest[cut + 1 :], "b/"), None)
+            continue
+        if line.startswith("@@"):
+            in_file_header = False
+            continue
+        if not in_file_header:
+            continue
+        if line.startswith(("--- ", "+++ ")):
+            raw = line[4:].split("\t", 1)[0]
+            if raw.strip() == "/dev/null":
+                continue
+            seen.setdefault(_strip_prefix(raw, "a/" if line[0] == "-" else "b/"), None)
+        elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
+            seen.setdefault(_strip_prefix(line.split(" ", 2)[2], ""), None)
+    return list(seen)

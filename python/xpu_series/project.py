@@ -1,0 +1,55 @@
+"""Where a project keeps its pin, its series and its build folders."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path
+
+from xpu_series.errors import UsageError
+from xpu_series.pin import Pin, load_pin
+from xpu_series.series import Series, load_series
+
+
+@dataclass(frozen=True)
+class Project:
+    """A checkout of sglang-xpu (or a synthetic one made by a test)."""
+
+    root: Path
+
+    @property
+    def patches_dir(self) -> Path:
+        return self.root / "patches"
+
+    @property
+    def build_dir(self) -> Path:
+        return self.root / "build"
+
+    @property
+    def cache_dir(self) -> Path:
+        override = os.environ.get("XPU_SERIES_CACHE")
+        return Path(override) if override else self.build_dir / "cache"
+
+    @property
+    def default_tree(self) -> Path:
+        return self.build_dir / "sglang"
+
+    @cached_property
+    def pin(self) -> Pin:
+        return load_pin(self.patches_dir / "upstream.toml")
+
+    def series(self) -> Series:
+        return load_series(self.patches_dir)
+
+
+def find_project(start: Path | None = None) -> Project:
+    """The nearest folder at or above `start` that holds patches/upstream.toml."""
+    here = (start or Path.cwd()).resolve()
+    for candidate in (here, *here.parents):
+        if (candidate / "patches" / "upstream.toml").is_file():
+            return Project(candidate)
+    raise UsageError(
+        f"no patches/upstream.toml in {here} or any parent folder",
+        hint="run xpu-series inside an sglang-xpu checkout or pass -C <project>",
+    )

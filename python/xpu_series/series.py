@@ -1,0 +1,195 @@
+"""The patch stack: a quilt `series` file naming one format-patch file per concern."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from functools import cached_property
+from pathlib import Path, PurePosixPath
+
+from xpu_series.errors import SeriesError
+from xpu_series.header import PatchHeader, header_problems, parse_header, patch_paths
+
+_NAME = re.compile(r"^[0-9]{4}-[a-z0-9][a-z0-9.-]*\.patch$")
+
+
+class PatchName(str):
+    """A validated patch file name: `NNNN-slug.patch`, no folders.
+
+    >>> PatchName("0001-xpu-attention-causal.patch").number
+    1
+    >>> PatchName("../evil.patch")  # doctest: +ELLIPSIS
+    Traceback (most recent call last):
+    ...
+    xpu_series.errors.SeriesError: '../evil.patch' is not a patch name ...
+    """
+
+    def __new__(cls, value: str) -> PatchName:
+        if not _NAME.match(value):
+            raise SeriesError(
+                f"{value!r} is not a patch name of the form NNNN-slug.patch",
+                hint="rename the file and its line in patches/series",
+            )
+        return super().__new__(cls, value)
+
+    @property
+    def number(self) -> int:
+        return int(self[:4])
+
+
+@dataclass(frozen=True)
+class Patch:
+    """One entry of the series; its header and paths are read lazily."""
+
+    name: PatchName
+    path: Path
+
+    @property
+    def exists(self) -> bool:
+        return self.path.is_file()
+
+    @cached_property
+    def text(self) -> str:
+        return self.path.read_text(encoding="utf-8")
+
+    @cached_property
+    def header(self) -> PatchHeader:
+        return parse_header(self.text)
+
+    @cached_property
+    def files(self) -> tuple[str, ...]:
+        return tuple(patch_paths(self.text))
+
+    @property
+    def concern(self) -> str:
+        return self.header.concern if self.exists else ""
+
+
+@dataclass(frozen=True)
+class Series:
+    """The ordered patches named by `patches/series`, plus what the folder holds."""
+
+    directory: Path
+    patches: tuple[Patch, ...]
+    duplicates: tuple[str, ...]
+    invalid_names: tuple[str, ...]
+
+    def digest(self) -> str:
+        """A hash of the series file and every patch; changes when anything does."""
+        h = hashlib.sha256()
+        h.update((self.directory / "series").read_bytes())
+        for patch in self.patches:
+            h.update(patch.name.encode())
+            if patch.exists:
+                h.update(patch.path.read_bytes())
+        return h.hexdigest()
+
+    def unlisted(self) -> list[str]:
+        listed = {p.name for p in self.patches}
+        return sorted(
+            f.name for f in self.directory.glob("*.patch") if f.name not in listed
+        )
+
+    def get(self, name: str) -> Patch:
+        for patch in self.patches:
+            if patch.name == name:
+                return patch
+        raise SeriesError(f"{name} is not in {self.directory / 'series'}")
+
+
+def load_series(directory: Path) -> Series:
+    """Read a quilt series file: one name per line, '#' comments, an optional -pN."""
+    series_file = directory / "series"
+    if not series_file.is_file():
+        raise SeriesError(
+            f"{series_file} does not exist",
+            hint="create it with one patch file name per line",
+        )
+    patches: list[Patch] = []
+    seen: set[str] = set()
+    duplicates: list[str] = []
+    invalid: list[str] = []
+    for raw in series_file.read_text(encoding="utf-8").splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        parts = line.split()
+        word = parts[0]
+        if len(parts) > 1 and parts[1:] != ["-p1"]:
+            invalid.append(
+                f"{word}: only '-p1' is supported, got {' '.join(parts[1:])}"
+            )
+        if word in seen:
+            duplicates.append(word)
+            continue
+        seen.add(word)
+        try:
+            name = PatchName(word)
+        except SeriesError as exc:
+            invalid.append(exc.message)
+            continue
+        patches.append(Patch(name, directory / name))
+    return Series(directory, tuple(patches), tuple(duplicates), tuple(invalid))
+
+
+def path_problem(path: str, tree: Path | None) -> str | None:
+    """Why a patch may not touch `path`, or None when it stays inside the tree.
+
+    >>> path_problem("/etc/passwd", None)
+    'absolute path /etc/passwd'
+    >>> path_problem("python/../../x", None)
+    "path python/../../x contains '..'"
+    """
+    pure = PurePosixPath(path)
+    if pure.is_absolute() or path.startswith("~"):
+        return f"absolute path {path}"
+    if ".." in pure.parts:
+        return f"path {path} contains '..'"
+    if tree is None:
+        return None
+    root = os.path.realpath(tree)
+    # Walk each existing prefix: a symlink anywhere on the way may point outside.
+    current = Path(tree)
+    for part in pure.parts:
+        current = current / part
+        if current.is_symlink() or current.exists():
+            real = os.path.realpath(current)
+            if real != root and not real.startswith(root + os.sep):
+                return f"path {path} reaches outside the tree through a symlink"
+        else:
+            break
+    return None
+
+
+def static_problems(
+    series: Series, tree: Path | None = None, allowed_prefixes: tuple[str, ...] = ()
+) -> list[str]:
+    """Every problem that can be seen without applying anything."""
+    problems: list[str] = []
+    series_file = series.directory / "series"
+    problems.extend(f"{series_file}: {msg}" for msg in series.invalid_names)
+    problems.extend(
+        f"{series_file} lists {name} more than once" for name in series.duplicates
+    )
+    for patch in series.patches:
+        if not patch.exists:
+            problems.append(f"{series_file} lists {patch.name}, which does not exist")
+            continue
+        if not patch.files:
+            problems.append(f"{patch.name} contains no diff")
+        problems.extend(f"{patch.name} {msg}" for msg in header_problems(patch.header))
+        for path in patch.files:
+            problem = path_problem(path, tree)
+            if problem:
+                problems.append(f"{patch.name}: {problem}")
+            elif allowed_prefixes and not path.startswith(allowed_prefixes):
+                problems.append(
+                    f"{patch.name}: {path} is outside {', '.join(allowed_prefixes)}"
+                )
+    problems.extend(
+        f"{series.directory / name} is not listed in {series_file}"
+        for name in series.unlisted()
+    )
+    return problems
