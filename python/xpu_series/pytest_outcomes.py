@@ -8,19 +8,26 @@ import os
 from typing import Any
 
 _OUTCOMES: dict[str, str] = {}
+# A later report never hides an earlier failure: a test whose subtests failed
+# still gets a passing "call" report for its own body.
+_RANK = {"passed": 0, "skipped": 1, "failed": 2, "error": 3}
+
+
+def _record(nodeid: str, outcome: str) -> None:
+    if _RANK[outcome] >= _RANK.get(_OUTCOMES.get(nodeid, "passed"), 0):
+        _OUTCOMES[nodeid] = outcome
 
 
 def pytest_collectreport(report: Any) -> None:
     if report.failed:
-        _OUTCOMES[report.nodeid] = "error"
+        _record(report.nodeid, "error")
 
 
 def pytest_runtest_logreport(report: Any) -> None:
-    if report.when == "call" or report.outcome != "passed":
-        if report.failed and report.when != "call":
-            _OUTCOMES[report.nodeid] = "error"
-        elif report.nodeid not in _OUTCOMES or report.when == "call":
-            _OUTCOMES[report.nodeid] = report.outcome
+    if report.failed:
+        _record(report.nodeid, "failed" if report.when == "call" else "error")
+    elif report.when == "call" or report.skipped:
+        _record(report.nodeid, report.outcome)
 
 
 def pytest_sessionfinish(session: Any, exitstatus: int) -> None:

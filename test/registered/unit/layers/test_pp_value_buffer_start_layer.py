@@ -1,0 +1,114 @@
+"""aiter and wave backends size v_head_dim from the PP stage's own first layer."""
+
+import sys
+import types
+import unittest
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+import torch
+
+from sglang.srt.configs.model_config import AttentionArch
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=10, suite="base-a-test-cpu")
+
+START_LAYER = 14  # a later pipeline stage: layers 14.. live in this rank's pool
+
+
+class _ValueBufferRead(Exception):
+    """Raised by the fake pool so construction stops at the read under test."""
+
+    def __init__(self, layer_id: int) -> None:
+        super().__init__(layer_id)
+        self.layer_id = layer_id
+
+
+class _StagePool:
+    """A KV pool of a PP stage, without get_v_head_dim (the fallback path)."""
+
+    start_layer = START_LAYER
+
+    def get_value_buffer(self, layer_id: int):
+        raise _ValueBufferRead(layer_id)
+
+
+def _model_runner() -> SimpleNamespace:
+    return SimpleNamespace(
+        model_config=SimpleNamespace(
+            dtype=torch.bfloat16,
+            is_multimodal=False,
+            num_attention_heads=4,
+            head_dim=16,
+            get_num_kv_heads=lambda tp: 2,
+            attention_arch=AttentionArch.MHA,
+            context_len=128,
+        ),
+        device="cpu",
+        kv_cache_dtype=torch.bfloat16,
+        req_to_token_pool=SimpleNamespace(size=4, req_to_token=torch.zeros(4, 8)),
+        token_to_kv_pool=_StagePool(),
+        ps=SimpleNamespace(tp_rank=0),
+    )
+
+
+_BAGS = dict(
+    get_schedule=lambda: SimpleNamespace(page_size=1),
+    get_spec=lambda: SimpleNamespace(
+        speculative_num_draft_tokens=None, speculative_num_steps=None
+    ),
+    get_parallel=lambda: SimpleNamespace(attn_tp_size=1),
+)
+
+
+class TestValueBufferStartLayer(CustomTestCase):
+    def _layer_read(self, construct) -> int:
+        with self.assertRaises(_ValueBufferRead) as ctx:
+            construct(_model_runner())
+        return ctx.exception.layer_id
+
+    def test_aiter_reads_the_stage_start_layer(self):
+        from sglang.srt.layers.attention import aiter_backend
+
+        with mock.patch.multiple(aiter_backend, **_BAGS):
+            layer = self._layer_read(aiter_backend.AiterAttnBackend)
+        self.assertEqual(layer, START_LAYER)
+
+    def test_wave_reads_the_stage_start_layer(self):
+        # wave_lang and the wave kernels exist only on ROCm; stand in for the
+        # three modules the constructor imports.
+        decode = types.ModuleType("decode_attention")
+        decode.decode_attention_fwd = None
+        extend = types.ModuleType("extend_attention")
+        extend.extend_attention_wave = None
+        cache = types.ModuleType("cache")
+        cache.CACHE_BASE_DIR = Path("/nonexistent-wave-cache")
+        prefix = "sglang.srt.layers.attention.wave_ops"
+        stubs = {
+            f"{prefix}.decode_attention": decode,
+            f"{prefix}.extend_attention": extend,
+            "wave_lang": types.ModuleType("wave_lang"),
+            "wave_lang.kernel": types.ModuleType("wave_lang.kernel"),
+            "wave_lang.kernel.wave": types.ModuleType("wave_lang.kernel.wave"),
+            "wave_lang.kernel.wave.cache": cache,
+        }
+        with mock.patch.dict(sys.modules, stubs):
+            from sglang.srt.layers.attention import wave_backend
+
+            exec_cfg = SimpleNamespace(
+                kernel=SimpleNamespace(triton_attention_num_kv_splits=8)
+            )
+            with mock.patch.multiple(
+                wave_backend,
+                get_spec=_BAGS["get_spec"],
+                get_parallel=_BAGS["get_parallel"],
+                get_exec=lambda: exec_cfg,
+            ):
+                layer = self._layer_read(wave_backend.WaveAttnBackend)
+        self.assertEqual(layer, START_LAYER)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,138 @@
+"""XPU attention backend: which layer types reach the kernel with causal=True."""
+
+import unittest
+from types import SimpleNamespace
+from unittest import mock
+
+import torch
+
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase, maybe_stub_sgl_kernel
+
+register_cpu_ci(est_time=10, suite="base-a-test-cpu")
+
+
+# sgl_kernel's XPU build cannot exist on a CPU runner; the one kernel this test
+# reaches (flash_attn_with_kvcache) is replaced per test below.
+maybe_stub_sgl_kernel()
+
+from sglang.srt.configs.model_config import AttentionArch  # noqa: E402
+from sglang.srt.layers.attention import xpu_backend  # noqa: E402
+from sglang.srt.layers.radix_attention import AttentionType  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+
+HEADS, HEAD_DIM, PAGE, TOKENS = 2, 8, 4, 3
+
+
+def _backend() -> xpu_backend.XPUAttentionBackend:
+    pool = SimpleNamespace(
+        get_kv_buffer=lambda layer_id: (
+            torch.zeros(PAGE * 4, HEADS, HEAD_DIM),
+            torch.zeros(PAGE * 4, HEADS, HEAD_DIM),
+        )
+    )
+    runner = SimpleNamespace(
+        sliding_window_size=None,
+        model_config=SimpleNamespace(
+            is_encoder_decoder=False,
+            context_len=64,
+            hf_text_config=SimpleNamespace(num_attention_heads=HEADS),
+            attention_arch=AttentionArch.MHA,
+        ),
+        ps=SimpleNamespace(tp_size=1),
+        device="cpu",
+        req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(1, 64)),
+        token_to_kv_pool=pool,
+        kv_cache_dtype=torch.float32,
+        kv_cache_dtype_str="auto",
+        page_size=PAGE,
+        is_hybrid_swa=False,
+    )
+    spec = SimpleNamespace(
+        speculative_eagle_topk=None, speculative_num_draft_tokens=None
+    )
+    exec_cfg = SimpleNamespace(
+        deterministic=SimpleNamespace(enable_deterministic_inference=False)
+    )
+    with (
+        mock.patch.object(xpu_backend, "get_spec", return_value=spec),
+        mock.patch.object(xpu_backend, "get_exec", return_value=exec_cfg),
+    ):
+        backend = xpu_backend.XPUAttentionBackend(runner)
+    backend.forward_metadata = SimpleNamespace(
+        page_table=torch.zeros(1, 4, dtype=torch.int32),
+        cu_seqlens_q=torch.tensor([0, TOKENS], dtype=torch.int32),
+        cache_seqlens_int32=torch.tensor([TOKENS], dtype=torch.int32),
+        max_seq_len_q=TOKENS,
+        cu_seqlens_k=torch.tensor([0, TOKENS], dtype=torch.int32),
+        local_attn_metadata=None,
+        swa_spec_metadata=None,
+        swa_page_table=None,
+        swa_out_cache_loc=None,
+    )
+    return backend
+
+
+def _layer(attn_type: AttentionType) -> SimpleNamespace:
+    return SimpleNamespace(
+        is_cross_attention=False,
+        attn_type=attn_type,
+        sliding_window_size=None,
+        tp_q_head_num=HEADS,
+        tp_k_head_num=HEADS,
+        tp_v_head_num=HEADS,
+        head_dim=HEAD_DIM,
+        v_head_dim=HEAD_DIM,
+        scaling=1.0,
+        logit_cap=0.0,
+        layer_id=0,
+        k_scale=None,
+        v_scale=None,
+    )
+
+
+class TestXPUAttentionCausalFlag(CustomTestCase):
+    """The `causal` kwarg that reaches flash_attn_with_kvcache, per layer type."""
+
+    def _causal_seen(self, attn_type: AttentionType, mode: ForwardMode) -> bool:
+        seen: list[bool] = []
+
+        def kernel(**kwargs):
+            seen.append(kwargs["causal"])
+            rows = kwargs["q"].shape[0]
+            return torch.zeros(rows, HEADS, HEAD_DIM)
+
+        backend = _backend()
+        batch = SimpleNamespace(forward_mode=mode, spec_info=None, batch_size=1)
+        rows = TOKENS if mode == ForwardMode.EXTEND else 1
+        q = torch.zeros(rows, HEADS * HEAD_DIM)
+        forward = (
+            backend.forward_extend
+            if mode == ForwardMode.EXTEND
+            else backend.forward_decode
+        )
+        with mock.patch.object(xpu_backend, "flash_attn_with_kvcache", kernel):
+            forward(q, None, None, _layer(attn_type), batch, save_kv_cache=False)
+        self.assertEqual(len(seen), 1, "expected exactly one kernel call")
+        return seen[0]
+
+    def test_decoder_layers_stay_causal(self):
+        for mode in (ForwardMode.EXTEND, ForwardMode.DECODE):
+            with self.subTest(mode=mode):
+                self.assertTrue(self._causal_seen(AttentionType.DECODER, mode))
+
+    def test_encoder_only_layers_are_not_causal(self):
+        for mode in (ForwardMode.EXTEND, ForwardMode.DECODE):
+            with self.subTest(mode=mode):
+                self.assertFalse(self._causal_seen(AttentionType.ENCODER_ONLY, mode))
+
+    def test_bidirectional_decoder_layers_are_not_causal(self):
+        for mode in (ForwardMode.EXTEND, ForwardMode.DECODE):
+            with self.subTest(mode=mode):
+                self.assertFalse(
+                    self._causal_seen(AttentionType.DECODER_BIDIRECTIONAL, mode)
+                )
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,96 @@
+"""XPU rejects host-KV-pool opt-ins at argument resolution, naming the flag."""
+
+import json
+import tempfile
+import unittest
+from unittest import mock
+
+from sglang.srt.arg_groups import pipeline
+from sglang.srt.arg_groups.kv_cache_hook import handle_cache_compatibility
+from sglang.srt.server_args import ServerArgs
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+register_cpu_ci(est_time=15, suite="base-a-test-cpu")
+
+TINY_QWEN3 = {
+    "architectures": ["Qwen3ForCausalLM"],
+    "model_type": "qwen3",
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+    "num_hidden_layers": 2,
+    "vocab_size": 256,
+    "max_position_embeddings": 512,
+    "torch_dtype": "bfloat16",
+}
+
+# Each opt-in with the companions that keep earlier, unrelated checks quiet.
+OPT_INS = {
+    "--enable-hierarchical-cache": dict(enable_hierarchical_cache=True),
+    "--disaggregation-decode-enable-offload-kvcache": dict(
+        disaggregation_mode="decode",
+        disaggregation_decode_enable_offload_kvcache=True,
+        hicache_storage_backend="file",
+    ),
+    "--disaggregation-decode-retraction-backup=host_pool": dict(
+        disaggregation_mode="decode",
+        disaggregation_decode_retraction_backup="host_pool",
+    ),
+}
+
+
+class TestXpuHostPoolRejection(CustomTestCase):
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory()
+        with open(f"{cls._tmp.name}/config.json", "w") as fh:
+            json.dump(TINY_QWEN3, fh)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def _args(self, device: str, **fields) -> ServerArgs:
+        return ServerArgs(model_path=self._tmp.name, device=device, **fields)
+
+    def test_each_opt_in_is_rejected_on_xpu_naming_its_flag(self):
+        for flag, fields in OPT_INS.items():
+            with self.subTest(flag=flag):
+                with self.assertRaises(ValueError) as ctx:
+                    handle_cache_compatibility(self._args("xpu", **fields))
+                message = str(ctx.exception)
+                self.assertTrue(message.startswith(f"{flag} is not supported on XPU"))
+                self.assertIn("kvcacheio", message)
+
+    def test_same_opt_ins_pass_on_cuda(self):
+        for flag, fields in OPT_INS.items():
+            with self.subTest(flag=flag):
+                handle_cache_compatibility(self._args("cuda", **fields))
+
+    def test_xpu_without_opt_ins_passes(self):
+        handle_cache_compatibility(self._args("xpu"))
+        handle_cache_compatibility(
+            self._args(
+                "xpu",
+                disaggregation_mode="decode",
+                disaggregation_decode_retraction_backup="cpu_tensor",
+            )
+        )
+
+    def test_full_resolution_rejects_hierarchical_cache_on_xpu(self):
+        # resolve_once() asks the device for its memory size; a CPU runner has none.
+        args = self._args("xpu", enable_hierarchical_cache=True)
+        with mock.patch.object(
+            pipeline, "get_device_memory_capacity", return_value=24576
+        ):
+            with self.assertRaisesRegex(
+                ValueError, r"^--enable-hierarchical-cache is not supported on XPU"
+            ):
+                args.resolve_once()
+
+
+if __name__ == "__main__":
+    unittest.main()
