@@ -88,7 +88,7 @@ def cmd_apply(args: argparse.Namespace) -> int:
     )
     report = run_apply(project, options, on_patch=_patch_progress(args))
     if report.head and tree == project.default_tree and not args.no_link:
-        pth = link_venv(tree)
+        pth = link_venv(project, tree)
         if pth:
             report.notes.append(f"this virtualenv imports sglang from {tree}/python")
     if args.json:

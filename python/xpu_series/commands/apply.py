@@ -93,9 +93,14 @@ def save_local_edits(git: Git, force: bool) -> list[str]:
     return notes
 
 
-def link_venv(tree: Path) -> Path | None:
-    """Make the running virtualenv import sglang from `tree` (no copy, no install)."""
-    if sys.prefix == sys.base_prefix:
+def link_venv(project: Project, tree: Path) -> Path | None:
+    """Make the project's own virtualenv import sglang from `tree` (no copy).
+
+    Only a virtualenv inside the project is touched, so running the tool from
+    another environment (or against a scratch project in a test) changes nothing.
+    """
+    prefix = Path(sys.prefix).resolve()
+    if sys.prefix == sys.base_prefix or not prefix.is_relative_to(project.root):
         return None
     site = Path(sysconfig.get_paths()["purelib"])
     pth = site / PTH_NAME

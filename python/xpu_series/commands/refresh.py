@@ -11,7 +11,7 @@ from xpu_series.errors import TreeError
 from xpu_series.git import Git
 from xpu_series.project import Project
 from xpu_series.series import PatchName
-from xpu_series.tree import UPSTREAM_TAG, read_record
+from xpu_series.tree import APPLIED_REF, UPSTREAM_TAG, read_record, write_record
 
 # Canonical export: no [PATCH] prefix, no real sha in the From line, no signature,
 # full blob ids so `git am -3` can fall back to a 3-way merge on the same base.
@@ -101,6 +101,11 @@ def run_refresh(project: Project, tree: Path) -> RefreshResult:
             patch.path.unlink()
             result.removed.append(patch.name)
     _write_series(project.patches_dir / "series", names + kept)
+    # Every commit is in patches/ now: a later apply may reset over them safely.
+    git.run("update-ref", APPLIED_REF, "HEAD")
+    record = read_record(git)
+    record["series"] = project.series().digest()
+    write_record(git, record)
     return result
 
 

@@ -5,7 +5,6 @@ from types import SimpleNamespace
 from unittest import mock
 
 import torch
-
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase, maybe_stub_sgl_kernel
 

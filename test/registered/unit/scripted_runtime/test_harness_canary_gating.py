@@ -108,7 +108,7 @@ class TestChunkedPrefillCanaryArgs(CustomTestCase):
                     chunked.PDDisaggregationServerBase, "setUpClass", lambda: None
                 ),
                 mock.patch.object(chunked, "try_cached_model", lambda m: m),
-                mock.patch.object(PD, "launch_all", lambda: launched.append(host)),
+                mock.patch.object(PD, "launch_all", lambda h=host: launched.append(h)),
             ):
                 PD.setUpClass()
             expected = [] if host == "xpu" else chunked.KV_CANARY_ARGS

@@ -1,6 +1,5 @@
 """A rejected control POST surfaces the server's own complaint, not a timeout."""
 
-import asyncio
 import threading
 import time
 import unittest

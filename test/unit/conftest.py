@@ -1,0 +1,144 @@
+"""Synthetic upstream wheels and projects for the tool's tests (no network, no sglang)."""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import subprocess
+import zipfile
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from xpu_series.cli import main
+
+BASE_FILES = {
+    "sglang/__init__.py": "",
+    "sglang/srt/__init__.py": "",
+    "sglang/srt/flags.py": "VALUE = 1\nNAME = 'upstream'\n",
+    "sglang/srt/other.py": "def answer():\n    return 41\n",
+    "sglang/srt/third.py": "LIMIT = 10\n",
+    "sglang/bin/tool.sh": "#!/bin/sh\necho hi\n",
+}
+
+
+def build_wheel(path: Path, files: dict[str, str], version: str = "0.0.1") -> str:
+    """Write a wheel-shaped zip; returns its sha256."""
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
+        for name, text in sorted(files.items()):
+            info = zipfile.ZipInfo(name, date_time=(2020, 1, 1, 0, 0, 0))
+            mode = 0o755 if name.endswith(".sh") else 0o644
+            info.external_attr = (0o100000 | mode) << 16
+            zf.writestr(info, text)
+        zf.writestr(f"sglang-{version}.dist-info/RECORD", "")
+    path.write_bytes(buf.getvalue())
+    return hashlib.sha256(buf.getvalue()).hexdigest()
+
+
+def wheel_name(version: str) -> str:
+    return f"sglang-{version}-cp311-cp311-manylinux_2_34_x86_64.whl"
+
+
+def write_pin(root: Path, version: str, sha: str) -> None:
+    (root / "patches").mkdir(parents=True, exist_ok=True)
+    (root / "patches" / "upstream.toml").write_text(
+        f'[upstream]\nproject = "sglang"\nversion = "{version}"\n'
+        f'wheel = "{wheel_name(version)}"\nsha256 = "{sha}"\n\n'
+        '[layout]\n"sglang/" = "python/sglang/"\n'
+    )
+
+
+def git(cwd: Path, *args: str) -> str:
+    return subprocess.run(
+        ["git", "-c", "user.name=t", "-c", "user.email=t@t", *args],
+        cwd=cwd,
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout.strip()
+
+
+@dataclass
+class Result:
+    code: int
+    out: str
+    err: str
+
+
+@dataclass
+class Project:
+    """A scratch sglang-xpu checkout with a synthetic pinned wheel."""
+
+    root: Path
+    wheel: Path
+    sha: str
+    run: Callable[..., Result]
+
+    @property
+    def tree(self) -> Path:
+        return self.root / "build" / "sglang"
+
+    @property
+    def patches(self) -> Path:
+        return self.root / "patches"
+
+    def commit_change(self, rel: str, text: str, subject: str, **fields: str) -> None:
+        """Edit a file in the tree and commit it with a reviewer-ready message."""
+        path = self.tree / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+        body = "\n".join(f"{k.replace('_', '-')}: {v}" for k, v in fields.items())
+        message = f"{subject}\n\nWhy this change is needed.\n\n{body}\n"
+        git(self.tree, "add", "-A")
+        git(self.tree, "commit", "-q", "-m", message)
+
+    def add_patch(self, rel: str, text: str, subject: str, **fields: str) -> None:
+        """Commit a change in the tree and export the series with refresh."""
+        fields.setdefault("Upstream_Status", "Pending")
+        fields.setdefault("Concern", "device-gates")
+        self.commit_change(rel, text, subject, **fields)
+        assert self.run("refresh").code == 0
+
+
+@pytest.fixture
+def project(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Project:
+    root = tmp_path / "proj"
+    root.mkdir()
+    wheel = tmp_path / wheel_name("0.0.1")
+    sha = build_wheel(wheel, BASE_FILES)
+    write_pin(root, "0.0.1", sha)
+    (root / "patches" / "series").write_text("# test series\n")
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        code = main(["-C", str(root), *args])
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    proj = Project(root, wheel, sha, run)
+    result = run("fetch", "--wheel", str(wheel))
+    assert result.code == 0, result.err
+    assert run("apply").code == 0
+    return proj
+
+
+@pytest.fixture
+def three_patches(project: Project) -> Project:
+    """A series of three patches touching flags.py, other.py and third.py."""
+    project.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE",
+    )
+    project.add_patch(
+        "python/sglang/srt/other.py",
+        "def answer():\n    return 42\n",
+        "[XPU] Fix the answer",
+    )
+    project.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise the limit"
+    )
+    return project

@@ -1,0 +1,286 @@
+"""apply: one commit per patch, all problems reported, the tree never half-done."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+from conftest import BASE_FILES, Project, build_wheel, git, wheel_name
+
+from xpu_series import engine
+from xpu_series.lock import lock_path
+
+
+def subjects(tree: Path) -> list[str]:
+    return git(tree, "log", "--format=%s", "upstream..HEAD").splitlines()[::-1]
+
+
+def test_apply_makes_one_commit_per_patch(three_patches: Project) -> None:
+    result = three_patches.run("apply", "--json")
+    data = json.loads(result.out)
+    assert result.code == 0 and data["ok"] is True
+    assert [p["status"] for p in data["patches"]] == ["applied"] * 3
+    assert data["upstream"] == {
+        "version": "0.0.1",
+        "sha256": three_patches.sha,
+        "pinned": True,
+        "source": "wheel",
+    }
+    assert subjects(three_patches.tree) == [
+        "[XPU] Raise VALUE",
+        "[XPU] Fix the answer",
+        "[XPU] Raise the limit",
+    ]
+    assert git(three_patches.tree, "describe", "--tags", "--exact", "upstream")
+
+
+def test_table_lists_every_patch(three_patches: Project) -> None:
+    out = three_patches.run("apply").out
+    for name in ("0001-raise-value.patch", "0002-fix-the-answer.patch"):
+        assert name in out
+    assert "applied" in out and "srt/flags.py" in out
+
+
+def test_base_is_deterministic_and_executable_bits_survive(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    other = tmp_path / "other-tree"
+    assert project.run("apply", "--tree", str(other)).code == 0
+    # A second, cold materialization from the same wheel in a separate cache.
+    monkeypatch.setenv("XPU_SERIES_CACHE", str(tmp_path / "cold-cache"))
+    cold = tmp_path / "cold-tree"
+    result = project.run("apply", "--tree", str(cold), "--wheel", str(project.wheel))
+    assert result.code == 0, result.err
+    trees = [git(t, "ls-tree", "-r", "upstream") for t in (project.tree, other, cold)]
+    assert trees[0] == trees[1] == trees[2]
+    assert "100755 blob" in trees[0] and "python/sglang/bin/tool.sh" in trees[0]
+    assert len({git(t, "rev-parse", "upstream") for t in (project.tree, cold)}) == 1
+
+
+def test_second_apply_reuses_the_cached_base(three_patches: Project) -> None:
+    data = json.loads(three_patches.run("apply", "--json").out)
+    assert any("base from tree" in n for n in data["notes"])
+    fresh = three_patches.root / "build" / "fresh"
+    data = json.loads(three_patches.run("apply", "--tree", str(fresh), "--json").out)
+    assert any("base from cache" in n for n in data["notes"])
+
+
+def test_patch_applies_to_a_plain_git_checkout(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    checkout = tmp_path / "upstream-checkout"
+    for name, text in BASE_FILES.items():
+        path = checkout / "python" / name
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    (checkout / "README.md").write_text("upstream repo files the wheel lacks\n")
+    git(checkout, "init", "-q")
+    git(checkout, "add", "-A")
+    git(checkout, "commit", "-q", "-m", "v0.0.1")
+    result = three_patches.run("apply", "--tree", str(checkout), "--json")
+    data = json.loads(result.out)
+    assert result.code == 0, result.err
+    assert [p["status"] for p in data["patches"]] == ["applied"] * 3
+    assert data["upstream"]["source"] == "checkout"
+    assert (checkout / "python/sglang/srt/flags.py").read_text().startswith("VALUE = 2")
+
+
+def test_dirty_tree_is_refused_without_force(three_patches: Project) -> None:
+    three_patches.run("apply")
+    edited = three_patches.tree / "python/sglang/srt/other.py"
+    edited.write_text("# my local experiment\n")
+    result = three_patches.run("apply")
+    assert result.code == 1
+    assert "local edits" in result.err and "--force" in result.err
+    assert edited.read_text() == "# my local experiment\n"
+
+
+def test_force_keeps_edits_in_a_stash_and_commits_on_a_branch(
+    three_patches: Project,
+) -> None:
+    three_patches.run("apply")
+    three_patches.commit_change(
+        "python/sglang/srt/new.py", "X = 1\n", "[XPU] Unexported work"
+    )
+    (three_patches.tree / "python/sglang/srt/other.py").write_text("# wip\n")
+    result = three_patches.run("apply", "--force", "--json")
+    data = json.loads(result.out)
+    assert result.code == 0
+    notes = " ".join(data["notes"])
+    assert "stash" in notes and "xpu-series/backup-" in notes
+    stash = git(three_patches.tree, "stash", "show", "-p", "stash@{0}")
+    assert "# wip" in stash
+    branch = next(w for w in notes.split() if w.startswith("xpu-series/backup-"))
+    assert git(three_patches.tree, "log", "-1", "--format=%s", branch) == (
+        "[XPU] Unexported work"
+    )
+
+
+def _write_patch(project: Project, name: str, target: str) -> None:
+    text = (project.patches / "0001-raise-value.patch").read_text()
+    text = text.replace("python/sglang/srt/flags.py", target)
+    (project.patches / name).write_text(text)
+    series = project.patches / "series"
+    series.write_text(series.read_text() + name + "\n")
+
+
+@pytest.mark.parametrize(
+    ("target", "message"),
+    [
+        ("/etc/passwd", "absolute path"),
+        ("python/sglang/../../escape.py", "contains '..'"),
+    ],
+)
+def test_unsafe_paths_are_rejected_before_anything_applies(
+    three_patches: Project, target: str, message: str
+) -> None:
+    three_patches.run("apply")
+    before = git(three_patches.tree, "rev-parse", "HEAD")
+    _write_patch(three_patches, "0004-evil.patch", target)
+    result = three_patches.run("apply", "--force")
+    assert result.code == 1
+    assert message in result.err and "0004-evil.patch" in result.err
+    assert git(three_patches.tree, "rev-parse", "HEAD") == before
+
+
+def test_symlink_out_of_the_tree_is_rejected(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    three_patches.run("apply")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    link = three_patches.tree / "python/sglang/link"
+    link.symlink_to(outside)
+    git(three_patches.tree, "add", "-A")
+    git(three_patches.tree, "commit", "-q", "-m", "symlink")
+    git(three_patches.tree, "tag", "-f", "upstream")
+    git(three_patches.tree, "update-ref", "refs/xpu-series/applied", "HEAD")
+    _write_patch(three_patches, "0004-through-link.patch", "python/sglang/link/x.py")
+    result = three_patches.run("apply", "--json")
+    data = json.loads(result.out)
+    assert result.code == 1
+    assert any("through a symlink" in p for p in data["problems"])
+    assert all(p["status"] in ("skipped", "missing") for p in data["patches"])
+    assert not (outside / "x.py").exists()
+    assert git(three_patches.tree, "rev-parse", "HEAD") == git(
+        three_patches.tree, "rev-parse", "upstream"
+    )
+
+
+def _conflicting_series(project: Project) -> None:
+    """Patch 2 no longer applies; patch 3 is independent; patch 4 shares patch 2's file."""
+    p2 = project.patches / "0002-fix-the-answer.patch"
+    p2.write_text(p2.read_text().replace("-    return 41", "-    return 40"))
+    text = (project.patches / "0003-raise-the-limit.patch").read_text()
+    text = text.replace("third.py", "other.py").replace(
+        "[XPU] Raise the limit", "[XPU] Four"
+    )
+    (project.patches / "0004-four.patch").write_text(text)
+    series = project.patches / "series"
+    series.write_text(series.read_text() + "0004-four.patch\n")
+
+
+def test_conflict_reports_every_patch_and_stops_at_last_good(
+    three_patches: Project,
+) -> None:
+    three_patches.run("apply")
+    _conflicting_series(three_patches)
+    result = three_patches.run("apply", "--json")
+    data = json.loads(result.out)
+    assert result.code == 3
+    statuses = {p["name"]: p["status"] for p in data["patches"]}
+    assert statuses == {
+        "0001-raise-value.patch": "applied",
+        "0002-fix-the-answer.patch": "conflict",
+        "0003-raise-the-limit.patch": "applied",
+        "0004-four.patch": "skipped",
+    }
+    third = next(p for p in data["patches"] if p["name"].startswith("0003"))
+    assert "not committed" in third["detail"]
+    assert subjects(three_patches.tree) == ["[XPU] Raise VALUE"]
+    assert not (three_patches.tree / ".git" / "rebase-apply").exists()
+
+
+def test_conflict_text_output_names_patch_and_next_step(
+    three_patches: Project,
+) -> None:
+    three_patches.run("apply")
+    _conflicting_series(three_patches)
+    result = three_patches.run("apply")
+    assert "error: 0002-fix-the-answer.patch does not apply" in result.err
+    assert "hint:" in result.err and "am -3" in result.err
+
+
+def test_interrupt_leaves_the_tree_at_the_last_applied_patch(
+    three_patches: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    three_patches.run("apply")
+    real_commit = engine.commit_patch
+    calls = []
+
+    def interrupted_second(git_, patch):
+        calls.append(patch.name)
+        if len(calls) == 2:
+            # Ctrl-C lands while git am is writing the second patch.
+            real_commit(git_, patch)
+            raise KeyboardInterrupt
+        return real_commit(git_, patch)
+
+    monkeypatch.setattr(engine, "commit_patch", interrupted_second)
+    result = three_patches.run("apply")
+    assert result.code == 1
+    assert "interrupted" in result.err and "last fully applied patch" in result.err
+    assert subjects(three_patches.tree) == ["[XPU] Raise VALUE"]
+    assert git(three_patches.tree, "status", "--porcelain") == ""
+    assert not lock_path(three_patches.tree).exists()
+
+
+def test_second_apply_on_a_locked_tree_names_the_holder(
+    three_patches: Project,
+) -> None:
+    holder = subprocess.Popen(["sleep", "30"])
+    try:
+        lock = lock_path(three_patches.tree)
+        lock.write_text(
+            json.dumps(
+                {
+                    "pid": holder.pid,
+                    "host": os.uname().nodename,
+                    "command": "xpu-series apply",
+                    "since": "now",
+                }
+            )
+        )
+        result = three_patches.run("apply")
+        assert result.code == 1
+        assert f"locked by pid {holder.pid}" in result.err
+        assert "xpu-series apply" in result.err
+    finally:
+        holder.kill()
+        holder.wait()
+    # Once the holder is gone the stale lock is taken over.
+    assert three_patches.run("apply").code == 0
+    assert not lock.exists()
+
+
+def test_other_upstream_reports_absorbed_patches(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    newer_files = dict(BASE_FILES)
+    newer_files["sglang/srt/flags.py"] = "VALUE = 2\nNAME = 'upstream'\n"
+    newer = tmp_path / wheel_name("0.0.2")
+    build_wheel(newer, newer_files, version="0.0.2")
+    result = three_patches.run(
+        "check", "--upstream", "0.0.2", "--wheel", str(newer), "--json"
+    )
+    data = json.loads(result.out)
+    assert result.code == 0
+    assert [p["status"] for p in data["patches"]] == ["absorbed", "applied", "applied"]
+    assert data["upstream"]["pinned"] is False
+    # check never touches the user's tree
+    assert (
+        git(three_patches.tree, "log", "-1", "--format=%s") == "[XPU] Raise the limit"
+    )

@@ -1,0 +1,72 @@
+"""check: static problems are all reported in one run; the dry run never touches
+the user's tree."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import Project, git
+
+
+def test_clean_series_checks_ok(three_patches: Project) -> None:
+    result = three_patches.run("check", "--json")
+    data = json.loads(result.out)
+    assert result.code == 0 and data["ok"] is True
+    assert [p["status"] for p in data["patches"]] == ["applied"] * 3
+
+
+def test_every_static_problem_is_reported_at_once(three_patches: Project) -> None:
+    series = three_patches.patches / "series"
+    series.write_text(
+        series.read_text()
+        + "0002-fix-the-answer.patch\n"  # listed twice
+        + "0009-gone.patch\n"  # listed, no file
+    )
+    (three_patches.patches / "0010-stray.patch").write_text("not listed\n")
+    bad = three_patches.patches / "0003-raise-the-limit.patch"
+    bad.write_text(bad.read_text().replace("Upstream-Status: Pending\n", ""))
+    result = three_patches.run("check", "--json")
+    data = json.loads(result.out)
+    assert result.code == 1 and data["ok"] is False
+    problems = "\n".join(data["problems"])
+    assert "lists 0002-fix-the-answer.patch more than once" in problems
+    assert "lists 0009-gone.patch, which does not exist" in problems
+    assert "0010-stray.patch is not listed" in problems
+    assert "0003-raise-the-limit.patch has no Upstream-Status field" in problems
+    statuses = {p["name"]: p["status"] for p in data["patches"]}
+    assert statuses["0009-gone.patch"] == "missing"
+
+
+def test_subject_without_xpu_prefix_is_malformed(three_patches: Project) -> None:
+    patch = three_patches.patches / "0001-raise-value.patch"
+    patch.write_text(patch.read_text().replace("[XPU] Raise VALUE", "Raise VALUE"))
+    result = three_patches.run("check")
+    assert result.code == 1
+    assert "does not start with '[XPU] '" in result.err
+
+
+def test_patch_outside_python_sglang_is_refused(three_patches: Project) -> None:
+    patch = three_patches.patches / "0003-raise-the-limit.patch"
+    patch.write_text(
+        patch.read_text().replace("python/sglang/srt/third.py", "setup.py")
+    )
+    result = three_patches.run("check")
+    assert result.code == 1
+    assert "setup.py is outside python/sglang/" in result.err
+
+
+def test_check_does_not_touch_the_users_tree(three_patches: Project) -> None:
+    (three_patches.tree / "python/sglang/srt/other.py").write_text("# mine\n")
+    head = git(three_patches.tree, "rev-parse", "HEAD")
+    assert three_patches.run("check").code == 0
+    assert git(three_patches.tree, "rev-parse", "HEAD") == head
+    assert (three_patches.tree / "python/sglang/srt/other.py").read_text() == "# mine\n"
+
+
+def test_conflict_in_check_exits_1_not_3(three_patches: Project) -> None:
+    p2 = three_patches.patches / "0002-fix-the-answer.patch"
+    p2.write_text(p2.read_text().replace("-    return 41", "-    return 40"))
+    result = three_patches.run("check", "--json")
+    assert result.code == 1
+    statuses = [p["status"] for p in json.loads(result.out)["patches"]]
+    assert statuses == ["applied", "conflict", "applied"]

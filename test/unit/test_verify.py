@@ -1,0 +1,85 @@
+"""verify: each patch's tests must fail at prefix k-1 and pass at prefix k."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from conftest import Project
+
+
+def _write_test(project: Project, name: str, body: str) -> str:
+    path = project.root / "test" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(body)
+    return f"test/{name}"
+
+
+@pytest.fixture
+def verified(project: Project) -> Project:
+    value = _write_test(
+        project,
+        "test_value.py",
+        "from sglang.srt.flags import VALUE\n\n"
+        "def test_value():\n    assert VALUE == 2\n\n"
+        "def test_name_unchanged():\n    from sglang.srt.flags import NAME\n"
+        "    assert NAME == 'upstream'\n",
+    )
+    project.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE",
+        Tests=value,
+    )
+    return project
+
+
+def test_proven_series_passes(verified: Project) -> None:
+    result = verified.run("verify", "--json")
+    data = json.loads(result.out)
+    assert result.code == 0, result.out
+    (proof,) = data["patches"]
+    assert proof["verdict"] == "proven"
+    assert proof["without"] == {"passed": 1, "failed": 1, "skipped": 0}
+    assert proof["with"] == {"passed": 2, "failed": 0, "skipped": 0}
+
+
+def test_vacuous_broken_and_untested_patches_fail(verified: Project) -> None:
+    always = _write_test(
+        verified,
+        "test_always.py",
+        "from sglang.srt.other import answer\n\n"
+        "def test_any_answer():\n    assert answer() in (41, 42)\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/other.py",
+        "def answer():\n    return 42\n",
+        "[XPU] Fix the answer",
+        Tests=always,
+    )
+    wrong = _write_test(
+        verified,
+        "test_wrong.py",
+        "from sglang.srt.third import LIMIT\n\n"
+        "def test_limit():\n    assert LIMIT == 30\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise LIMIT", Tests=wrong
+    )
+    verified.add_patch(
+        "python/sglang/srt/fourth.py", "X = 1\n", "[XPU] Add a module without tests"
+    )
+    result = verified.run("verify", "--json")
+    data = json.loads(result.out)
+    assert result.code == 1
+    verdicts = [p["verdict"] for p in data["patches"]]
+    assert verdicts == ["proven", "vacuous", "broken", "untested"]
+    text = verified.run("verify").out
+    assert "vacuous" in text and "broken" in text
+
+
+def test_missing_test_file_is_named(verified: Project) -> None:
+    (verified.root / "test" / "test_value.py").unlink()
+    result = verified.run("verify")
+    assert result.code == 1
+    assert "names tests that do not exist: test/test_value.py" in result.err
