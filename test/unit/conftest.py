@@ -1,4 +1,4 @@
-"""Synthetic upstream wheels and projects for the tool's tests (no network, no sglang)."""
+"""Synthetic upstream wheels and projects for the tool tests: no network, no sglang."""
 
 from __future__ import annotations
 

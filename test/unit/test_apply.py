@@ -171,7 +171,7 @@ def test_symlink_out_of_the_tree_is_rejected(
 
 
 def _conflicting_series(project: Project) -> None:
-    """Patch 2 no longer applies; patch 3 is independent; patch 4 shares patch 2's file."""
+    """Patch 2 fails; patch 3 is independent; patch 4 shares the file of patch 2."""
     p2 = project.patches / "0002-fix-the-answer.patch"
     p2.write_text(p2.read_text().replace("-    return 41", "-    return 40"))
     text = (project.patches / "0003-raise-the-limit.patch").read_text()
