@@ -1,0 +1,119 @@
+"""Benchmark `xpu-series apply` on the real pin against doing the same by hand.
+
+Measures, alternating and side by side in one run (medians of --runs):
+  (a) warm apply: cached wheel and cached base, re-applying into an existing tree
+  (a') warm apply into a new tree (cached wheel, cached base)
+  (b) cold-base apply: cached wheel, no cached base, new tree
+  (c) the naive baseline: unzip the wheel, git init/add/commit, git am the patches
+Goals: (a) <= 0.25 x (c), (b) <= 1.1 x (c).
+
+Run: .venv/bin/python scripts/bench_apply.py [--runs 5]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "xpu_series", "-C", str(ROOT)]
+GIT_ENV = {
+    "GIT_AUTHOR_NAME": "bench",
+    "GIT_AUTHOR_EMAIL": "bench@localhost",
+    "GIT_COMMITTER_NAME": "bench",
+    "GIT_COMMITTER_EMAIL": "bench@localhost",
+}
+
+
+def run(args: list[str], cwd: Path | None = None, env: dict | None = None) -> None:
+    subprocess.run(
+        args,
+        cwd=cwd,
+        env={**os.environ, **GIT_ENV, **(env or {})},
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+
+
+def series_files() -> list[str]:
+    lines = (ROOT / "patches" / "series").read_text().splitlines()
+    names = [line.split()[0] for line in lines if line.strip() and line[0] != "#"]
+    return [str(ROOT / "patches" / name) for name in names]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=5)
+    args = parser.parse_args()
+
+    run([*CLI, "fetch"])  # make sure the wheel is cached (and its hash checked)
+    wheel = next((ROOT / "build" / "cache" / "wheels").glob("sglang-*.whl"))
+    patches = series_files()
+    scratch = Path(tempfile.mkdtemp(prefix="bench-apply-", dir=ROOT / "build"))
+    warm_tree = scratch / "warm"
+    run([*CLI, "apply", "--tree", str(warm_tree)])  # prime the base cache and tree
+
+    def warm() -> None:
+        run([*CLI, "apply", "--tree", str(warm_tree)])
+
+    def warm_new_tree() -> None:
+        tree = scratch / "warm-new"
+        shutil.rmtree(tree, ignore_errors=True)
+        run([*CLI, "apply", "--tree", str(tree)])
+
+    def cold_base() -> None:
+        cache = scratch / "cold-cache"
+        shutil.rmtree(cache, ignore_errors=True)
+        (cache / "wheels").mkdir(parents=True)
+        os.link(wheel, cache / "wheels" / wheel.name)
+        tree = scratch / "cold"
+        shutil.rmtree(tree, ignore_errors=True)
+        run([*CLI, "apply", "--tree", str(tree)], env={"XPU_SERIES_CACHE": str(cache)})
+
+    def naive() -> None:
+        tree = scratch / "naive"
+        shutil.rmtree(tree, ignore_errors=True)
+        (tree / "python").mkdir(parents=True)
+        run(["unzip", "-q", str(wheel), "sglang/*", "-d", str(tree / "python")])
+        run(["git", "init", "-q"], cwd=tree)
+        run(["git", "add", "-A"], cwd=tree)
+        run(["git", "commit", "-q", "-m", "upstream"], cwd=tree)
+        run(["git", "am", "-q", "-3", "-k", *patches], cwd=tree)
+
+    cases: dict[str, Callable[[], None]] = {
+        "(a) warm, existing tree": warm,
+        "(a') warm, new tree": warm_new_tree,
+        "(b) cold base": cold_base,
+        "(c) naive baseline": naive,
+    }
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    for _ in range(args.runs):
+        for name, fn in cases.items():  # alternate so drift hits every case alike
+            start = time.perf_counter()
+            fn()
+            times[name].append(time.perf_counter() - start)
+    shutil.rmtree(scratch, ignore_errors=True)
+
+    medians = {name: statistics.median(values) for name, values in times.items()}
+    base = medians["(c) naive baseline"]
+    print(f"sglang wheel {wheel.name}, {len(patches)} patches, {args.runs} runs each")
+    print(f"{'case':<26}{'median s':>10}{'vs (c)':>9}")
+    for name, value in medians.items():
+        print(f"{name:<26}{value:>10.3f}{value / base:>8.2f}x")
+    a, b = medians["(a) warm, existing tree"] / base, medians["(b) cold base"] / base
+    print(f"goal (a) <= 0.25x: {'met' if a <= 0.25 else 'MISSED'} ({a:.2f}x)")
+    print(f"goal (b) <= 1.10x: {'met' if b <= 1.10 else 'MISSED'} ({b:.2f}x)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
