@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 import subprocess
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -106,6 +106,36 @@ class Git:
                 hint=f"inspect the tree with 'git -C {self.repo} status'",
             )
         return result
+
+    def feed(self, args: Sequence[str], chunks: Iterable[bytes]) -> None:
+        """Run a git command that reads a (large) binary stream on stdin."""
+        env = {**os.environ, **_IDENTITY}
+        proc = subprocess.Popen(
+            ["git", *_CONFIG, *args],
+            cwd=self.repo,
+            env=env,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+        )
+        assert proc.stdin is not None
+        try:
+            for chunk in chunks:
+                proc.stdin.write(chunk)
+            proc.stdin.close()
+        except BrokenPipeError:
+            pass  # git stopped reading; its exit status and stderr say why
+        except BaseException:
+            proc.kill()
+            proc.wait()
+            raise
+        stderr = proc.stderr.read().decode(errors="replace") if proc.stderr else ""
+        if proc.wait() != 0:
+            lines = stderr.strip().splitlines()
+            raise GitError(
+                f"git {args[0]} failed in {self.repo}: "
+                f"{lines[-1] if lines else 'no output'}"
+            )
 
     def out(self, *args: str) -> str:
         return self.run(*args).stdout.strip()

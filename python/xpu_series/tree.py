@@ -5,20 +5,21 @@ from __future__ import annotations
 import json
 import os
 import tempfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
 from xpu_series.errors import TreeError
 from xpu_series.git import Git
 from xpu_series.pin import Pin
-from xpu_series.wheel import FetchedWheel, unpack_wheel
+from xpu_series.wheel import FetchedWheel, wheel_files
 
 UPSTREAM_TAG = "upstream"
 BRANCH = "xpu"
 APPLIED_REF = "refs/xpu-series/applied"
 RECORD = "xpu-series.json"
 # A fixed date makes the base commit id a function of the wheel's content alone.
-_BASE_DATE = "2000-01-01T00:00:00+0000"
+_BASE_EPOCH = 946684800  # 2000-01-01T00:00:00Z
 
 
 @dataclass(frozen=True)
@@ -46,61 +47,58 @@ def write_record(git: Git, record: dict) -> None:
     os.replace(tmp, path)
 
 
-def _commit_base(git: Git, pin: Pin, digest: str) -> str:
-    git.run("add", "-A")
-    env = {"GIT_AUTHOR_DATE": _BASE_DATE, "GIT_COMMITTER_DATE": _BASE_DATE}
-    git.run(
-        "commit", "-q", "--no-verify", "-m",
-        f"{pin.project} {pin.version} (wheel sha256 {digest})",
-        env=env,
-    )  # fmt: skip
-    git.run("tag", "-f", UPSTREAM_TAG)
-    return git.out("rev-parse", "HEAD")
-
-
 def _base_cache(cache: Path, digest: str) -> Path:
     return cache / "bases" / f"{digest}.git"
 
 
-def _unpack_base(wheel: FetchedWheel, pin: Pin, tree: Path) -> str:
-    tree.mkdir(parents=True, exist_ok=True)
-    unpack_wheel(wheel.path, pin, tree)
-    git = Git(tree)
-    git.run("init", "-q")
-    _configure(git)
-    return _commit_base(git, pin, wheel.sha256)
+def _fast_import_stream(wheel: FetchedWheel, pin: Pin) -> Iterator[bytes]:
+    """The wheel as one `git fast-import` commit on refs/tags/upstream.
+
+    Streaming the blobs into a single pack avoids writing thousands of loose
+    objects (the cost of `git add` on a slow filesystem) and never writes the
+    files twice: the work tree is checked out from the pack afterwards.
+    """
+    entries: list[bytes] = []
+    for mark, (path, executable, data) in enumerate(
+        wheel_files(wheel.path, pin), start=1
+    ):
+        yield b"blob\nmark :%d\ndata %d\n" % (mark, len(data))
+        yield data
+        yield b"\n"
+        mode = b"100755" if executable else b"100644"
+        entries.append(b"M %s :%d %s\n" % (mode, mark, path.encode()))
+    message = f"{pin.project} {wheel.version} (wheel sha256 {wheel.sha256})\n"
+    who = b"xpu-series <xpu-series@localhost> %d +0000" % _BASE_EPOCH
+    yield b"commit refs/tags/%s\n" % UPSTREAM_TAG.encode()
+    yield b"author %s\ncommitter %s\n" % (who, who)
+    yield b"data %d\n%s\n" % (len(message.encode()), message.encode())
+    yield from entries
+    yield b"\n"
+
+
+def _ensure_base_cache(wheel: FetchedWheel, pin: Pin, cache: Path) -> tuple[Path, bool]:
+    """The bare repository holding the wheel's base commit; True if just built."""
+    cache_repo = _base_cache(cache, wheel.sha256)
+    if cache_repo.is_dir():
+        return cache_repo, False
+    cache_repo.parent.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryDirectory(prefix=".base-", dir=cache_repo.parent) as tmp:
+        staging = Path(tmp) / "base.git"
+        Git(Path(tmp)).run("init", "-q", "--bare", str(staging))
+        Git(staging).feed(
+            ["-c", "pack.compression=1", "fast-import", "--quiet"],
+            _fast_import_stream(wheel, pin),
+        )
+        if not cache_repo.exists():
+            os.replace(staging, cache_repo)
+    return cache_repo, True
 
 
 def _configure(git: Git) -> None:
-    # Fast zlib for the 4,000+ loose objects of the base; byte-identical blobs anyway.
-    git.run("config", "core.looseCompression", "1")
     # Imports leave __pycache__ behind; they are not local edits.
     exclude = git.git_dir() / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
     exclude.write_text("__pycache__/\n*.py[co]\n")
-
-
-def _store_base(tree: Path, cache_repo: Path) -> None:
-    cache_repo.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(prefix=".base-", dir=cache_repo.parent) as tmp:
-        staging = Path(tmp) / "base.git"
-        # A local clone hard-links the objects, so storing the base costs no copy.
-        Git(cache_repo.parent).run(
-            "clone", "-q", "--bare", "--local", str(tree), str(staging)
-        )
-        if not cache_repo.exists():
-            os.replace(staging, cache_repo)
-
-
-def _ensure_base_cache(wheel: FetchedWheel, pin: Pin, cache: Path) -> Path:
-    cache_repo = _base_cache(cache, wheel.sha256)
-    if not cache_repo.is_dir():
-        cache_repo.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".unpack-", dir=cache_repo.parent) as t:
-            staging = Path(t) / "tree"
-            _unpack_base(wheel, pin, staging)
-            _store_base(staging, cache_repo)
-    return cache_repo
 
 
 def _is_empty_dir(path: Path) -> bool:
@@ -115,41 +113,40 @@ def materialize_base(
     The caller has already checked that an existing tree may be reset (clean, or
     its edits saved). Branches and stashes of an existing tree are kept.
     """
-    cache_repo = _base_cache(cache, wheel.sha256)
     git = Git(tree)
-    if git.is_repo():
-        current = git.rev(UPSTREAM_TAG)
-        if not (current and read_record(git).get("sha256") == wheel.sha256):
-            # Another upstream lives here: bring the new base in beside it.
-            cache_repo = _ensure_base_cache(wheel, pin, cache)
-            git.run("fetch", "-q", str(cache_repo), f"+refs/tags/{UPSTREAM_TAG}:"
-                    f"refs/tags/{UPSTREAM_TAG}")  # fmt: skip
-        git.run("checkout", "-q", "-f", "-B", BRANCH, UPSTREAM_TAG)
-        source = "tree"
-    elif tree.exists() and not _is_empty_dir(tree):
+    is_repo = git.is_repo()
+    if not is_repo and tree.exists() and not _is_empty_dir(tree):
         raise TreeError(
             f"{tree} exists and is not a git repository",
             hint="pass an empty or new --tree, or an upstream git checkout",
         )
-    elif cache_repo.is_dir():
-        if tree.exists():
-            tree.rmdir()
-        tree.parent.mkdir(parents=True, exist_ok=True)
-        Git(tree.parent).run(
-            "clone", "-q", "--local", "--no-checkout", str(cache_repo), str(tree)
-        )
-        _configure(git)
-        git.run("checkout", "-q", "-f", "-B", BRANCH, UPSTREAM_TAG)
-        source = "cache"
+    if (
+        is_repo
+        and git.rev(UPSTREAM_TAG)
+        and read_record(git).get("sha256") == (wheel.sha256)
+    ):
+        source = "tree"
     else:
-        _unpack_base(wheel, pin, tree)
-        git.run("checkout", "-q", "-B", BRANCH)
-        _store_base(tree, cache_repo)
-        source = "unpacked"
+        cache_repo, built = _ensure_base_cache(wheel, pin, cache)
+        source = "unpacked" if built else "cache"
+        if is_repo:
+            # Another upstream lives here: bring the new base in beside it.
+            git.run("fetch", "-q", str(cache_repo), f"+refs/tags/{UPSTREAM_TAG}:"
+                    f"refs/tags/{UPSTREAM_TAG}")  # fmt: skip
+        else:
+            if tree.exists():
+                tree.rmdir()
+            tree.parent.mkdir(parents=True, exist_ok=True)
+            # A local clone hard-links the pack: no copy of the objects.
+            Git(tree.parent).run(
+                "clone", "-q", "--local", "--no-checkout", str(cache_repo), str(tree)
+            )
+            _configure(git)
+    git.run("checkout", "-q", "-f", "-B", BRANCH, UPSTREAM_TAG)
     commit = git.out("rev-parse", UPSTREAM_TAG)
-    write_record(
-        git, {"version": wheel.version, "sha256": wheel.sha256, "base": commit}
-    )
+    record = read_record(git) if source == "tree" else {}
+    record.update(version=wheel.version, sha256=wheel.sha256, base=commit)
+    write_record(git, record)
     return BaseInfo(commit, wheel.version, wheel.sha256, source)
 
 

@@ -169,33 +169,28 @@ def wheel_members(path: Path, pin: Pin) -> Iterator[tuple[zipfile.ZipInfo, str]]
                 yield info, target
 
 
-def unpack_wheel(path: Path, pin: Pin, dest: Path) -> int:
-    """Write the mapped members under `dest`; returns how many files were written."""
+def wheel_files(path: Path, pin: Pin) -> Iterator[tuple[str, bool, bytes]]:
+    """Yield (tree path, executable, content) for every file the layout carries.
+
+    Reading each member checks its CRC, so a truncated or corrupt wheel fails
+    here with a clear error instead of producing a partial tree.
+    """
     count = 0
     try:
         with zipfile.ZipFile(path) as archive:
             for info, target in wheel_members(path, pin):
-                out = dest / target
-                out.parent.mkdir(parents=True, exist_ok=True)
-                with archive.open(info) as src, out.open("wb") as dst:
-                    shutil.copyfileobj(src, dst, _CHUNK)
-                # git tracks only the executable bit; keep it, drop everything else.
-                executable = (info.external_attr >> 16) & 0o111
-                out.chmod(0o755 if executable else 0o644)
+                # git tracks only the executable bit; keep it, drop the rest.
+                executable = bool((info.external_attr >> 16) & 0o111)
+                yield target, executable, archive.read(info)
                 count += 1
-    except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile) as exc:
+    except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile, OSError) as exc:
         raise WheelError(
             f"{path.name} is truncated or corrupt ({exc})",
             hint=f"delete {path} and run 'xpu-series fetch' again",
         ) from None
-    except OSError as exc:
-        if "CRC" in str(exc) or "Bad" in str(exc):
-            raise WheelError(f"{path.name} is corrupt ({exc})") from None
-        raise
     if count == 0:
         raise WheelError(
             f"{path.name} holds nothing under "
             f"{', '.join(src for src, _ in pin.layout)}",
             hint="check [layout] in patches/upstream.toml",
         )
-    return count

@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
 
 import pytest
-from conftest import Project, build_wheel, wheel_name
-
-from xpu_series.pin import load_pin
-from xpu_series.wheel import fetch_wheel
+from conftest import Project, build_wheel, wheel_name, write_pin
 
 
 def test_wheel_is_cached_and_verified(project: Project) -> None:
@@ -48,22 +46,34 @@ def test_bad_cached_download_is_quarantined_not_reused(project: Project) -> None
 
 
 def test_truncated_wheel_is_a_clear_error(project: Project, tmp_path: Path) -> None:
-    # A pin that (wrongly) names the hash of a truncated file: unpacking must fail
-    # with a message, not a traceback.
+    # A pin that (wrongly) names the hash of a truncated file: building the tree
+    # must fail with a message, not a traceback, and leave nothing half-made.
     truncated = tmp_path / "t" / wheel_name("0.0.1")
     truncated.parent.mkdir()
-    truncated.write_bytes(project.wheel.read_bytes()[:200])
-    pin = load_pin(project.patches / "upstream.toml")
-    from hashlib import sha256
+    data = project.wheel.read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    write_pin(project.root, "0.0.1", hashlib.sha256(truncated.read_bytes()).hexdigest())
+    tree = tmp_path / "new-tree"
+    result = project.run("apply", "--tree", str(tree), "--wheel", str(truncated))
+    assert result.code == 4
+    assert "truncated or corrupt" in result.err or "not a readable wheel" in result.err
+    assert "hint:" in result.err
+    assert not tree.exists() or not any(tree.iterdir())
 
-    from xpu_series.errors import WheelError
-    from xpu_series.wheel import unpack_wheel
 
-    digest = sha256(truncated.read_bytes()).hexdigest()
-    pin = pin.__class__(**{**pin.__dict__, "sha256": digest})
-    fetched = fetch_wheel(pin, tmp_path / "cache", local=truncated)
-    with pytest.raises(WheelError, match="not a readable wheel|truncated or corrupt"):
-        unpack_wheel(fetched.path, pin, tmp_path / "out")
+def test_corrupt_member_is_caught(project: Project, tmp_path: Path) -> None:
+    corrupt = tmp_path / "c" / wheel_name("0.0.1")
+    corrupt.parent.mkdir()
+    data = bytearray(project.wheel.read_bytes())
+    offset = data.find(b"VALUE")  # stored uncompressed? flip a byte either way
+    data[offset if offset > 0 else 60] ^= 0xFF
+    corrupt.write_bytes(bytes(data))
+    write_pin(project.root, "0.0.1", hashlib.sha256(bytes(data)).hexdigest())
+    result = project.run(
+        "apply", "--tree", str(tmp_path / "t2"), "--wheel", str(corrupt)
+    )
+    assert result.code == 4
+    assert "corrupt" in result.err or "not a readable wheel" in result.err
 
 
 def test_no_network_and_no_cache_says_how_to_pass_a_wheel(
