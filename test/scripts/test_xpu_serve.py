@@ -1,0 +1,142 @@
+"""scripts/xpu-serve --dry-run: the command it builds and what it refuses."""
+
+from __future__ import annotations
+
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from conftest import SCRIPTS
+
+
+@pytest.fixture
+def fake_docker(tmp_path: Path) -> tuple[Path, Path]:
+    """A docker CLI that lists one existing container and logs every call."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "docker-calls"
+    script = bin_dir / "docker"
+    script.write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        'if [ "$1" = ps ]; then echo other-run; echo sglang-xpu; fi\n'
+    )
+    script.chmod(0o755)
+    return bin_dir, calls
+
+
+def serve(*args: str, path: str | None = None) -> subprocess.CompletedProcess:
+    env = {"PATH": path or "/nonexistent:/usr/bin:/bin", "HOME": "/home/u"}
+    return subprocess.run(
+        [sys.executable, str(SCRIPTS / "xpu-serve"), *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
+
+
+def command(proc: subprocess.CompletedProcess) -> list[str]:
+    assert proc.returncode == 0, proc.stderr
+    return shlex.split(proc.stdout.strip().splitlines()[0])
+
+
+def env_of(cmd: list[str]) -> list[str]:
+    return [cmd[i + 1] for i, word in enumerate(cmd) if word == "-e"]
+
+
+def test_one_gpu(tmp_path: Path) -> None:
+    cmd = command(
+        serve("--model", "Qwen/Qwen3-0.6B", "--gpus", "1", "--render-gid", "993",
+              "--dry-run")
+    )  # fmt: skip
+    assert cmd[:6] == ["docker", "run", "-d", "--name", "sglang-xpu", "--network"]
+    assert "--rm" not in cmd
+    assert cmd[cmd.index("--group-add") + 1] == "993"
+    assert "ZE_AFFINITY_MASK=0" in env_of(cmd)
+    assert not any(e.startswith("FI_TCP_IFACE") for e in env_of(cmd))
+    tail = cmd[cmd.index("lmsysorg/sglang:v0.5.20-xpu") :]
+    assert tail[:4] == ["lmsysorg/sglang:v0.5.20-xpu", "python3", "-m",
+                        "sglang.launch_server"]  # fmt: skip
+    for flag, value in (
+        ("--device", "xpu"),
+        ("--tp", "1"),
+        ("--attention-backend", "intel_xpu"),
+        ("--page-size", "64"),
+    ):
+        assert tail[tail.index(flag) + 1] == value  # fmt: skip
+
+
+def test_two_gpus_get_the_mask_and_loopback() -> None:
+    cmd = command(
+        serve("--model", "m", "--tp", "2", "--gpus", "2", "--render-gid", "5",
+              "--name", "sglang-xpu-tp", "--dry-run", "--", "--mem-fraction-static",
+              "0.8")
+    )  # fmt: skip
+    assert "ZE_AFFINITY_MASK=0,1" in env_of(cmd)
+    assert "FI_TCP_IFACE=lo" in env_of(cmd)
+    assert cmd[4] == "sglang-xpu-tp"
+    assert cmd[-2:] == ["--mem-fraction-static", "0.8"]
+
+
+def test_multi_node_tp_does_not_pin_loopback() -> None:
+    cmd = command(
+        serve("--model", "m", "--tp", "2", "--gpus", "2", "--render-gid", "5",
+              "--nnodes", "2", "--dry-run")
+    )  # fmt: skip
+    assert not any(e.startswith("FI_TCP_IFACE") for e in env_of(cmd))
+
+
+def test_tp_larger_than_the_gpus_is_refused() -> None:
+    proc = serve("--model", "m", "--tp", "4", "--gpus", "2", "--render-gid", "5",
+                 "--dry-run")  # fmt: skip
+    assert proc.returncode == 2
+    assert "--tp 4 needs 4 GPUs but 2 are available" in proc.stderr
+    assert proc.stdout == ""
+
+
+def test_gpu_count_is_discovered_from_xpu_smi(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    smi = bin_dir / "xpu-smi"
+    smi.write_text(
+        "#!/bin/sh\ncat <<'T'\n| Device ID | Device Information |\n"
+        "| 0         | Device Name: Intel(R) Arc(TM) Pro B60 |\n"
+        "| 1         | Device Name: Intel(R) Arc(TM) Pro B60 |\nT\n"
+    )
+    smi.chmod(0o755)
+    path = f"{bin_dir}:/usr/bin:/bin"
+    ok = serve("--model", "m", "--tp", "2", "--render-gid", "5", "--dry-run", path=path)
+    assert "ZE_AFFINITY_MASK=0,1" in env_of(command(ok))
+    refused = serve("--model", "m", "--tp", "3", "--render-gid", "5", "--dry-run",
+                    path=path)  # fmt: skip
+    assert refused.returncode == 2 and "but 2 are available" in refused.stderr
+
+
+def test_existing_container_name_is_refused_and_kept(fake_docker) -> None:
+    bin_dir, calls = fake_docker
+    proc = serve("--model", "m", "--gpus", "1", "--render-gid", "5",
+                 path=f"{bin_dir}:/usr/bin:/bin")  # fmt: skip
+    assert proc.returncode == 2
+    assert "a container named sglang-xpu already exists" in proc.stderr
+    assert "never" in proc.stderr and "removed" in proc.stderr
+    # Only the listing ran: nothing was started, stopped or removed.
+    assert calls.read_text().splitlines() == ["ps -a --format {{.Names}}"]
+
+
+def test_free_name_runs_the_built_command(fake_docker) -> None:
+    bin_dir, calls = fake_docker
+    proc = serve("--model", "m", "--gpus", "1", "--render-gid", "5",
+                 "--name", "sglang-xpu-2", path=f"{bin_dir}:/usr/bin:/bin")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    run_call = calls.read_text().splitlines()[-1]
+    assert run_call.startswith("run -d --name sglang-xpu-2 ")
+    assert "next: scripts/xpu-verify --container sglang-xpu-2" in proc.stdout
+
+
+def test_non_literal_name_is_refused() -> None:
+    proc = serve("--model", "m", "--gpus", "1", "--render-gid", "5",
+                 "--name", "$NAME", "--dry-run")  # fmt: skip
+    assert proc.returncode == 2 and "not a literal docker name" in proc.stderr
