@@ -1,0 +1,86 @@
+"""Chunked prefill on one Intel GPU: how many chunks a prompt takes, at and around
+chunk boundaries, and with several requests interleaved."""
+
+import unittest
+
+from sglang.test.scripted_runtime.test_case import ScriptedTestCase
+from sglang.test.scripted_runtime_chunked_helpers import run_until_all_finished
+from xpu_common import (
+    CHUNK_SIZE,
+    boundary_prompt_lens,
+    drain_until_released,
+    expected_chunks,
+    skip_reason,
+    xpu_engine_kwargs,
+)
+
+SKIP = skip_reason()
+
+
+@unittest.skipIf(SKIP, SKIP or "")
+class TestXpuChunkCounts(ScriptedTestCase):
+    ENGINE_KWARGS = xpu_engine_kwargs()
+
+    @staticmethod
+    def _script_chunks(t, prompt_len, prompt_token):
+        # A fresh prompt token per case: a radix hit would shorten the prefill.
+        t.flush_cache()
+        yield
+        handle = t.start_req(
+            prompt_len=prompt_len, max_new_tokens=2, prompt_token=prompt_token
+        )
+        yield from run_until_all_finished([handle])
+        got, want = handle.chunks_done, expected_chunks(prompt_len, CHUNK_SIZE)
+        assert got == want, f"prompt {prompt_len}: {got} chunks, expected {want}"
+        yield from drain_until_released(t, handle)
+
+    def test_long_prompt_takes_ceil_prompt_over_chunk(self):
+        # 1000 tokens in chunks of 256: 4 chunked-prefill batches.
+        self.server.execute_script(self._script_chunks, args=(1000, 11))
+
+    def test_prompt_that_fits_takes_no_extra_chunk(self):
+        self.server.execute_script(self._script_chunks, args=(CHUNK_SIZE // 2, 12))
+
+    def test_chunk_boundaries(self):
+        for index, prompt_len in enumerate(boundary_prompt_lens(CHUNK_SIZE)):
+            with self.subTest(prompt_len=prompt_len):
+                self.server.execute_script(
+                    self._script_chunks, args=(prompt_len, 100 + index)
+                )
+
+
+@unittest.skipIf(SKIP, SKIP or "")
+class TestXpuInterleavedRequests(ScriptedTestCase):
+    ENGINE_KWARGS = xpu_engine_kwargs()
+
+    @staticmethod
+    def _script_interleaved(t):
+        t.flush_cache()
+        yield
+        lens = (3 * CHUNK_SIZE + 5, CHUNK_SIZE - 1, 2 * CHUNK_SIZE)
+        handles = [
+            t.start_req(prompt_len=n, max_new_tokens=4, prompt_token=200 + i)
+            for i, n in enumerate(lens)
+        ]
+        for _ in range(400):
+            chunking = [h.rid for h in handles if h.is_chunking]
+            # The scheduler holds at most one chunked request at a time.
+            assert len(chunking) <= 1, f"two requests chunking at once: {chunking}"
+            if all(h.finished for h in handles):
+                break
+            yield
+        else:
+            raise AssertionError("interleaved requests did not all finish")
+        for handle, n in zip(handles, lens, strict=True):
+            want = expected_chunks(n, CHUNK_SIZE)
+            assert handle.chunks_done == want, (
+                f"prompt {n}: {handle.chunks_done} chunks, expected {want}"
+            )
+        yield from drain_until_released(t, *handles)
+
+    def test_three_requests_interleave_and_each_chunks_correctly(self):
+        self.server.execute_script(self._script_interleaved)
+
+
+if __name__ == "__main__":
+    unittest.main()

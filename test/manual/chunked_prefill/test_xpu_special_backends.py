@@ -1,0 +1,59 @@
+"""Chunked prefill with features an Intel GPU cannot run skips at once, with the
+reason, instead of launching a server that dies (or waits out a timeout)."""
+
+import unittest
+
+from sglang.test.scripted_runtime.test_case import ScriptedTestCase
+from sglang.test.scripted_runtime_chunked_helpers import run_until_finished
+from xpu_common import (
+    CHUNK_SIZE,
+    drain_until_released,
+    expected_chunks,
+    skip_reason,
+    xpu_engine_kwargs,
+)
+
+SKIP = skip_reason()
+
+
+def _flashinfer_missing() -> str | None:
+    try:
+        import flashinfer  # noqa: F401
+    except ImportError:
+        return "flashinfer is CUDA-only and not installed here"
+    return None
+
+
+# HiCache's host pool moves pages with sgl_kernel.kvcacheio, built for CUDA and
+# ROCm only; on XPU --enable-hierarchical-cache is refused at start-up (patch 0004).
+HICACHE_ON_XPU = (
+    "HiCache needs sgl_kernel.kvcacheio (CUDA/ROCm only); XPU refuses "
+    "--enable-hierarchical-cache (patch 0004)"
+)
+
+
+def _script_one_long_request(t):
+    handle = t.start_req(prompt_len=3 * CHUNK_SIZE, max_new_tokens=4, prompt_token=41)
+    yield from run_until_finished(handle)
+    assert handle.chunks_done == expected_chunks(3 * CHUNK_SIZE, CHUNK_SIZE)
+    yield from drain_until_released(t, handle)
+
+
+@unittest.skipIf(SKIP or _flashinfer_missing(), SKIP or _flashinfer_missing() or "")
+class TestXpuChunkedPrefillFlashinfer(ScriptedTestCase):
+    ENGINE_KWARGS = xpu_engine_kwargs(attention_backend="flashinfer")
+
+    def test_long_prompt(self):
+        self.server.execute_script(_script_one_long_request)
+
+
+@unittest.skip(HICACHE_ON_XPU)
+class TestXpuChunkedPrefillHiCache(ScriptedTestCase):
+    ENGINE_KWARGS = xpu_engine_kwargs(enable_hierarchical_cache=True)
+
+    def test_long_prompt(self):
+        self.server.execute_script(_script_one_long_request)
+
+
+if __name__ == "__main__":
+    unittest.main()
