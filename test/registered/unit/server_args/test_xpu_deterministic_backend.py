@@ -1,9 +1,10 @@
 """Deterministic inference on XPU falls back to triton and keeps the radix cache."""
 
-import json
 import logging
+import shutil
 import tempfile
 import unittest
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -19,19 +20,8 @@ register_cpu_ci(est_time=15, suite="base-a-test-cpu")
 # Pin every fact the pass reads so a Blackwell or ROCm runner answers the same.
 NOT_BLACKWELL = dict(is_sm100=False, is_sm120=False, is_hip=False)
 
-TINY_QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "torch_dtype": "bfloat16",
-}
+# A model folder needs only a config.json: no weights, no tokenizer.
+TINY_CONFIG = Path(__file__).resolve().parents[1] / "tiny_qwen3_config.json"
 
 
 class TestDeterministicAttentionFallback(CustomTestCase):
@@ -68,8 +58,7 @@ class TestDeterministicResolutionOnXpu(CustomTestCase):
     @classmethod
     def setUpClass(cls):
         cls._tmp = tempfile.TemporaryDirectory()
-        with open(f"{cls._tmp.name}/config.json", "w") as fh:
-            json.dump(TINY_QWEN3, fh)
+        shutil.copy(TINY_CONFIG, f"{cls._tmp.name}/config.json")
 
     @classmethod
     def tearDownClass(cls):

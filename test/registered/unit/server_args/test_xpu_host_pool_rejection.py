@@ -1,8 +1,9 @@
 """XPU rejects host-KV-pool opt-ins at argument resolution, naming the flag."""
 
-import json
+import shutil
 import tempfile
 import unittest
+from pathlib import Path
 from unittest import mock
 
 from sglang.srt.arg_groups import pipeline
@@ -13,19 +14,8 @@ from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=15, suite="base-a-test-cpu")
 
-TINY_QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "torch_dtype": "bfloat16",
-}
+# A model folder needs only a config.json: no weights, no tokenizer.
+TINY_CONFIG = Path(__file__).resolve().parents[1] / "tiny_qwen3_config.json"
 
 # Each opt-in with the companions that keep earlier, unrelated checks quiet.
 OPT_INS = {
@@ -46,8 +36,7 @@ class TestXpuHostPoolRejection(CustomTestCase):
     @classmethod
     def setUpClass(cls):
         cls._tmp = tempfile.TemporaryDirectory()
-        with open(f"{cls._tmp.name}/config.json", "w") as fh:
-            json.dump(TINY_QWEN3, fh)
+        shutil.copy(TINY_CONFIG, f"{cls._tmp.name}/config.json")
 
     @classmethod
     def tearDownClass(cls):

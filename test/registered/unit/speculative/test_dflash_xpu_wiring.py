@@ -2,11 +2,12 @@
 
 import ast
 import inspect
-import json
 import logging
+import shutil
 import tempfile
 import textwrap
 import unittest
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -31,19 +32,8 @@ from sglang.srt.speculative.dflash_utils import (  # noqa: E402
     resolve_dflash_verify_mask_policy,
 )
 
-TINY_QWEN3 = {
-    "architectures": ["Qwen3ForCausalLM"],
-    "model_type": "qwen3",
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "num_hidden_layers": 2,
-    "vocab_size": 256,
-    "max_position_embeddings": 512,
-    "torch_dtype": "bfloat16",
-}
+# A model folder needs only a config.json: no weights, no tokenizer.
+TINY_CONFIG = Path(__file__).resolve().parents[1] / "tiny_qwen3_config.json"
 
 
 class _ModelDir:
@@ -52,8 +42,7 @@ class _ModelDir:
     def __init__(self) -> None:
         self._tmp = tempfile.TemporaryDirectory()
         self.path = self._tmp.name
-        with open(f"{self.path}/config.json", "w") as fh:
-            json.dump(TINY_QWEN3, fh)
+        shutil.copy(TINY_CONFIG, f"{self.path}/config.json")
 
     def close(self) -> None:
         self._tmp.cleanup()
