@@ -70,3 +70,14 @@ def test_conflict_in_check_exits_1_not_3(three_patches: Project) -> None:
     assert result.code == 1
     statuses = [p["status"] for p in json.loads(result.out)["patches"]]
     assert statuses == ["applied", "conflict", "applied"]
+
+
+def test_repeated_checks_reuse_a_clean_scratch_tree(three_patches: Project) -> None:
+    assert three_patches.run("check").code == 0
+    scratch = three_patches.root / "build" / "check" / "0.0.1"
+    (scratch / "python/sglang/srt/leftover.py").write_text("x = 1\n")
+    result = three_patches.run("check", "--json")
+    assert result.code == 0
+    assert not (scratch / "python/sglang/srt/leftover.py").exists()
+    assert git(scratch, "stash", "list") == ""
+    assert "xpu-series/backup" not in git(scratch, "branch", "--list")

@@ -38,6 +38,8 @@ class ApplyOptions:
     wheel: Path | None = None
     force: bool = False
     progress: bool = False
+    # A tree the tool owns (check, verify): its leftovers are discarded, not kept.
+    scratch: bool = False
 
 
 def allowed_prefixes(project: Project) -> tuple[str, ...]:
@@ -123,7 +125,10 @@ def run_apply(
         git = Git(tree)
         notes: list[str] = []
         is_checkout = git.is_repo() and not read_record(git).get("sha256")
-        if git.is_repo():
+        if git.is_repo() and options.scratch:
+            git.run("reset", "-q", "--hard")
+            git.run("clean", "-q", "-fdx")
+        elif git.is_repo():
             notes += save_local_edits(git, options.force)
         upstream: UpstreamInfo
         base: BaseInfo

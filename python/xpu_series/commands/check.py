@@ -26,9 +26,7 @@ def run_check(
         tree=scratch_tree(project, version),
         version=version,
         wheel=wheel,
-        force=True,  # the scratch tree is ours: nothing in it is a user's edit
+        scratch=True,  # the scratch tree is ours: nothing in it is a user's edit
         progress=progress,
     )
-    report = run_apply(project, options)
-    report.notes = [n for n in report.notes if "stash" not in n and "backup" not in n]
-    return report
+    return run_apply(project, options)

@@ -156,7 +156,7 @@ def _run_tests(
 def run_verify(project: Project, jobs: int = 2) -> VerifyResult:
     """Apply the series once, then run patch k's tests at prefixes k-1 and k."""
     root = project.build_dir / "verify"
-    report = run_apply(project, ApplyOptions(tree=root / "tree", force=True))
+    report = run_apply(project, ApplyOptions(tree=root / "tree", scratch=True))
     result = VerifyResult(apply=report)
     if not report.ok:
         return result
