@@ -1,5 +1,7 @@
 """xpu-series: apply, check and maintain the sglang-xpu patch series on a pinned
-upstream SGLang. The only module that prints or exits."""
+upstream SGLang."""
+
+# This is the only module that prints or exits; the library returns results.
 
 from __future__ import annotations
 
