@@ -144,8 +144,38 @@ def fetch_wheel(
     return FetchedWheel(target, digest, pin.version, pin.pinned, "download")
 
 
-def wheel_members(path: Path, pin: Pin) -> Iterator[tuple[zipfile.ZipInfo, str]]:
-    """Yield (member, tree path) for what the layout carries; reject unsafe names."""
+def _mapped_members(
+    archive: zipfile.ZipFile, path: Path, pin: Pin
+) -> list[tuple[zipfile.ZipInfo, str]]:
+    """(member, tree path) for what the layout carries; every name is checked
+    before any content is read."""
+    members: list[tuple[zipfile.ZipInfo, str]] = []
+    for info in archive.infolist():
+        pure = PurePosixPath(info.filename)
+        if pure.is_absolute() or ".." in pure.parts:
+            raise WheelError(
+                f"{path.name} holds an unsafe member name {info.filename!r}",
+                hint="this wheel was not built by upstream; do not use it",
+            )
+        target = None if info.is_dir() else pin.map_member(info.filename)
+        if target is not None:
+            members.append((info, target))
+    if not members:
+        raise WheelError(
+            f"{path.name} holds nothing under "
+            f"{', '.join(src for src, _ in pin.layout)}",
+            hint="check [layout] in patches/upstream.toml",
+        )
+    return members
+
+
+def wheel_files(path: Path, pin: Pin) -> Iterator[tuple[str, bool, bytes]]:
+    """Yield (tree path, executable, content) for every file the layout carries.
+
+    Reading each member checks its CRC, so a truncated or corrupt wheel fails
+    here with a clear error; the caller builds into a staging folder, so a
+    failure leaves nothing behind.
+    """
     try:
         archive = zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
@@ -154,43 +184,13 @@ def wheel_members(path: Path, pin: Pin) -> Iterator[tuple[zipfile.ZipInfo, str]]
             hint=f"delete {path} and run 'xpu-series fetch' again",
         ) from None
     with archive:
-        for info in archive.infolist():
-            name = info.filename
-            pure = PurePosixPath(name)
-            if pure.is_absolute() or ".." in pure.parts:
+        for info, target in _mapped_members(archive, path, pin):
+            try:
+                data = archive.read(info)
+            except (zipfile.BadZipFile, EOFError, OSError) as exc:
                 raise WheelError(
-                    f"{path.name} holds an unsafe member name {name!r}",
-                    hint="this wheel was not built by upstream; do not use it",
-                )
-            if info.is_dir():
-                continue
-            target = pin.map_member(name)
-            if target is not None:
-                yield info, target
-
-
-def wheel_files(path: Path, pin: Pin) -> Iterator[tuple[str, bool, bytes]]:
-    """Yield (tree path, executable, content) for every file the layout carries.
-
-    Reading each member checks its CRC, so a truncated or corrupt wheel fails
-    here with a clear error instead of producing a partial tree.
-    """
-    count = 0
-    try:
-        with zipfile.ZipFile(path) as archive:
-            for info, target in wheel_members(path, pin):
-                # git tracks only the executable bit; keep it, drop the rest.
-                executable = bool((info.external_attr >> 16) & 0o111)
-                yield target, executable, archive.read(info)
-                count += 1
-    except (zipfile.BadZipFile, EOFError, zipfile.LargeZipFile, OSError) as exc:
-        raise WheelError(
-            f"{path.name} is truncated or corrupt ({exc})",
-            hint=f"delete {path} and run 'xpu-series fetch' again",
-        ) from None
-    if count == 0:
-        raise WheelError(
-            f"{path.name} holds nothing under "
-            f"{', '.join(src for src, _ in pin.layout)}",
-            hint="check [layout] in patches/upstream.toml",
-        )
+                    f"{path.name} is truncated or corrupt ({exc})",
+                    hint=f"delete {path} and run 'xpu-series fetch' again",
+                ) from None
+            # git tracks only the executable bit; keep it, drop the rest.
+            yield target, bool((info.external_attr >> 16) & 0o111), data

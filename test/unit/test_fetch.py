@@ -101,3 +101,17 @@ def test_other_version_hash_is_recorded_not_trusted(
     result = project.run("fetch", "--upstream", "0.0.2", "--wheel", str(newer))
     assert result.code == 0
     assert "not the pin" in result.out and sha in result.out
+
+
+def test_wheel_with_an_escaping_member_is_refused(
+    project: Project, tmp_path: Path
+) -> None:
+    evil = tmp_path / "e" / wheel_name("0.0.1")
+    evil.parent.mkdir()
+    files = {"sglang/__init__.py": "", "sglang/../../escape.py": "x = 1\n"}
+    write_pin(project.root, "0.0.1", build_wheel(evil, files))
+    tree = tmp_path / "evil-tree"
+    result = project.run("apply", "--tree", str(tree), "--wheel", str(evil))
+    assert result.code == 4
+    assert "unsafe member name 'sglang/../../escape.py'" in result.err
+    assert not (tmp_path / "escape.py").exists()
