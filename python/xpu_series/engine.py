@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from xpu_series.errors import Interrupted
 from xpu_series.git import Git
+from xpu_series.header import patch_paths
 from xpu_series.result import PatchOutcome, PatchStatus
 from xpu_series.series import Patch
 
 ProgressHook = Callable[[Patch, int, int], None]
+_CONFLICT_FILE = re.compile(r"^CONFLICT \([^)]*\): Merge conflict in (\S+)", re.M)
 
 # `git am -k` keeps "[XPU] ..." subjects verbatim; the committer date follows the
 # author date so the same series on the same base always gives the same commits.
@@ -101,13 +104,48 @@ def commit_patch(git: Git, patch: Patch) -> tuple[PatchStatus, str]:
         return PatchStatus.ABSORBED, "empty after a 3-way merge: upstream has it"
     if _partially_absorbed(git, patch):
         return PatchStatus.PARTIAL, "some file diffs are already upstream"
-    conflicted = [
-        line.split(":", 1)[-1].strip()
-        for line in text.splitlines()
-        if line.startswith("CONFLICT") or "patch failed:" in line
-    ]
-    detail = f"conflict in {', '.join(conflicted)}" if conflicted else _last_line(text)
-    return PatchStatus.CONFLICT, detail
+    conflicted = sorted(set(_CONFLICT_FILE.findall(text)))
+    if not conflicted:
+        # No 3-way merge was possible: name the files whose hunks failed.
+        failed = _failed_files(git, patch)
+        conflicted = failed or list(patch.files)
+    return PatchStatus.CONFLICT, f"conflict in {', '.join(conflicted)}"
+
+
+def _failed_files(git: Git, patch: Patch) -> list[str]:
+    out: list[str] = []
+    for chunk in _split_by_file(patch.text):
+        if not git.run("apply", "--check", "-", check=False, input_text=chunk).ok:
+            paths = patch_paths(chunk)
+            out.extend(p for p in paths[-1:] if p not in out)
+    return out
+
+
+def version_tuple(version: str) -> tuple[int, ...] | None:
+    """Numeric release tuple, or None for anything else (a checkout, a tag).
+
+    >>> version_tuple("0.5.20"), version_tuple("0.5.20rc1"), version_tuple("main")
+    ((0, 5, 20), None, None)
+    """
+    parts = version.split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
+def declared_absorbed(patch: Patch, upstream_version: str | None) -> str:
+    """The patch header's claim that `upstream_version` already has the behaviour.
+
+    Upstream rarely takes a backport byte for byte (other comments, other
+    layout), so its diff neither applies nor reverse-applies there; the
+    `Applied-Upstream:` field is how the series says so.
+    """
+    applied = patch.header.get("Applied-Upstream")
+    have, want = version_tuple(applied), version_tuple(upstream_version or "")
+    if have is None or want is None or want < have:
+        return ""
+    return (
+        f"Applied-Upstream: {applied} (<= {upstream_version}); "
+        "upstream's text differs, drop this patch on a rebase"
+    )
 
 
 def _last_line(text: str) -> str:
@@ -116,7 +154,11 @@ def _last_line(text: str) -> str:
 
 
 def apply_patches(
-    git: Git, patches: Sequence[Patch], *, on_patch: ProgressHook | None = None
+    git: Git,
+    patches: Sequence[Patch],
+    *,
+    upstream_version: str | None = None,
+    on_patch: ProgressHook | None = None,
 ) -> list[PatchOutcome]:
     """Commit each patch in order; after a failure, only report the rest.
 
@@ -158,6 +200,10 @@ def apply_patches(
                 )
                 continue
             status, detail = commit_patch(git, patch)
+            if status in (PatchStatus.CONFLICT, PatchStatus.PARTIAL):
+                claim = declared_absorbed(patch, upstream_version)
+                if claim:
+                    status, detail = PatchStatus.ABSORBED, claim
             commit = ""
             if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
                 last_good = commit = git.out("rev-parse", "HEAD")

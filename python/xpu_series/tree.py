@@ -17,6 +17,8 @@ from xpu_series.wheel import FetchedWheel, wheel_files
 UPSTREAM_TAG = "upstream"
 BRANCH = "xpu"
 APPLIED_REF = "refs/xpu-series/applied"
+# Where a tree on another upstream keeps the pinned base, for `git am -3`.
+PIN_BASE_REF = "refs/xpu-series/pin-base"
 RECORD = "xpu-series.json"
 # A fixed date makes the base commit id a function of the wheel's content alone.
 _BASE_EPOCH = 946684800  # 2000-01-01T00:00:00Z
@@ -76,7 +78,7 @@ def _fast_import_stream(wheel: FetchedWheel, pin: Pin) -> Iterator[bytes]:
     yield b"\n"
 
 
-def _ensure_base_cache(wheel: FetchedWheel, pin: Pin, cache: Path) -> tuple[Path, bool]:
+def ensure_base_cache(wheel: FetchedWheel, pin: Pin, cache: Path) -> tuple[Path, bool]:
     """The bare repository holding the wheel's base commit; True if just built."""
     cache_repo = _base_cache(cache, wheel.sha256)
     if cache_repo.is_dir():
@@ -127,7 +129,7 @@ def materialize_base(
     ):
         source = "tree"
     else:
-        cache_repo, built = _ensure_base_cache(wheel, pin, cache)
+        cache_repo, built = ensure_base_cache(wheel, pin, cache)
         source = "unpacked" if built else "cache"
         if is_repo:
             # Another upstream lives here: bring the new base in beside it.

@@ -21,6 +21,7 @@ BASE_FILES = {
     "sglang/srt/other.py": "def answer():\n    return 41\n",
     "sglang/srt/third.py": "LIMIT = 10\n",
     "sglang/bin/tool.sh": "#!/bin/sh\necho hi\n",
+    "sglang/srt/long.py": "".join(f"LINE_{i} = {i}\n" for i in range(1, 13)),
 }
 
 

@@ -8,7 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
-from conftest import BASE_FILES, Project, build_wheel, git, wheel_name
+from conftest import BASE_FILES, Project, build_wheel, git, wheel_name, write_pin
 
 from xpu_series import engine
 from xpu_series.lock import lock_path
@@ -284,3 +284,61 @@ def test_other_upstream_reports_absorbed_patches(
     assert (
         git(three_patches.tree, "log", "-1", "--format=%s") == "[XPU] Raise the limit"
     )
+
+
+def _newer_wheel(tmp_path: Path, **changes: str) -> Path:
+    files = dict(BASE_FILES)
+    files.update({f"sglang/srt/{name}.py": text for name, text in changes.items()})
+    newer = tmp_path / wheel_name("0.0.2")
+    build_wheel(newer, files, version="0.0.2")
+    return newer
+
+
+def test_patch_whose_context_changed_upstream_is_merged(
+    project: Project, tmp_path: Path
+) -> None:
+    lines = [f"LINE_{i} = {i}\n" for i in range(1, 13)]
+    patched = list(lines)
+    patched[7] = "LINE_8 = 800\n"
+    project.add_patch(
+        "python/sglang/srt/long.py", "".join(patched), "[XPU] Change line 8"
+    )
+    upstream = list(lines)
+    upstream[4] = "LINE_5 = 'changed upstream'\n"  # inside the patch's context
+    newer = _newer_wheel(tmp_path, long="".join(upstream))
+    result = project.run(
+        "check", "--upstream", "0.0.2", "--wheel", str(newer), "--json"
+    )
+    data = json.loads(result.out)
+    assert result.code == 0, result.err
+    assert data["patches"][0]["status"] == "merged"
+
+
+def test_applied_upstream_field_marks_a_reworded_backport_absorbed(
+    project: Project, tmp_path: Path
+) -> None:
+    project.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2  # ours\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE",
+        Applied_Upstream="0.0.2",
+    )
+    # Upstream made the same change in its own words: the diff cannot apply,
+    # and it does not reverse-apply either.
+    newer = _newer_wheel(tmp_path, flags="VALUE = 2  # theirs\nNAME = 'upstream'\n")
+    result = project.run(
+        "check", "--upstream", "0.0.2", "--wheel", str(newer), "--json"
+    )
+    data = json.loads(result.out)
+    assert result.code == 0
+    (outcome,) = data["patches"]
+    assert outcome["status"] == "absorbed"
+    assert "Applied-Upstream: 0.0.2" in outcome["detail"]
+    # On a release before the one named, the same text is a plain conflict.
+    older = tmp_path / "older" / wheel_name("0.0.1")
+    older.parent.mkdir()
+    files = dict(BASE_FILES, **{"sglang/srt/flags.py": "VALUE = 3\nNAME = 'x'\n"})
+    build_wheel(older, files, version="0.0.1")
+    write_pin(project.root, "0.0.1", build_wheel(older, files, version="0.0.1"))
+    result = project.run("check", "--wheel", str(older), "--json")
+    assert json.loads(result.out)["patches"][0]["status"] == "conflict"

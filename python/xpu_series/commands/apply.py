@@ -17,9 +17,11 @@ from xpu_series.result import PatchOutcome, PatchStatus, Report, UpstreamInfo
 from xpu_series.series import Series, static_problems
 from xpu_series.tree import (
     APPLIED_REF,
+    PIN_BASE_REF,
     UPSTREAM_TAG,
     BaseInfo,
     checkout_base,
+    ensure_base_cache,
     materialize_base,
     read_record,
     write_record,
@@ -95,6 +97,18 @@ def save_local_edits(git: Git, force: bool) -> list[str]:
     return notes
 
 
+def _borrow_pin_objects(project: Project, git: Git) -> list[str]:
+    """Make the pinned base's blobs available so `git am -3` can merge patches
+    made against it onto another upstream. Best effort: only from the cache."""
+    pin = project.pin
+    if not (project.cache_dir / "wheels" / pin.wheel).is_file():
+        return ["the pinned wheel is not cached: no 3-way merge fallback"]
+    wheel = fetch_wheel(pin, project.cache_dir)
+    cache_repo, _built = ensure_base_cache(wheel, pin, project.cache_dir)
+    git.run("fetch", "-q", str(cache_repo), f"+refs/tags/{UPSTREAM_TAG}:{PIN_BASE_REF}")
+    return []
+
+
 def link_venv(project: Project, tree: Path) -> Path | None:
     """Make the project's own virtualenv import sglang from `tree` (no copy).
 
@@ -154,7 +168,11 @@ def run_apply(
             report = _refused_report(series, unsafe, tree)
             report.upstream = upstream
             return report
-        outcomes = apply_patches(git, series.patches, on_patch=on_patch)
+        if upstream.version != project.pin.version and not is_checkout:
+            notes += _borrow_pin_objects(project, git)
+        outcomes = apply_patches(
+            git, series.patches, upstream_version=upstream.version, on_patch=on_patch
+        )
         head = git.out("rev-parse", "HEAD")
         git.run("update-ref", APPLIED_REF, head)
         record = read_record(git)
