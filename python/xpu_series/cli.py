@@ -16,6 +16,7 @@ from xpu_series import __version__
 from xpu_series.commands.apply import ApplyOptions, link_venv, run_apply
 from xpu_series.commands.check import run_check
 from xpu_series.commands.fetch import run_fetch
+from xpu_series.commands.matrix import run_matrix
 from xpu_series.commands.refresh import run_refresh
 from xpu_series.commands.status import run_status
 from xpu_series.commands.verify import run_verify
@@ -199,6 +200,20 @@ def cmd_verify(args: argparse.Namespace) -> int:
     return ExitCode.OK if result.ok else ExitCode.FAILED
 
 
+def cmd_matrix(args: argparse.Namespace) -> int:
+    project = _project(args)
+    matrix = run_matrix(
+        project, args.versions, [Path(w) for w in args.wheel or []], _progress(args)
+    )
+    if args.json:
+        _emit_json(matrix.to_json())
+        return ExitCode.OK
+    print(table(["patch", *matrix.reports], matrix.rows()))
+    for version, report in matrix.reports.items():
+        _problems([f"{version}: {p}" for p in report.problems])
+    return ExitCode.OK
+
+
 Command = tuple[Callable[[argparse.Namespace], int], str, Callable[..., None]]
 
 
@@ -230,6 +245,16 @@ def _apply_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _matrix_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("versions", nargs="*", metavar="VERSION", help="e.g. 0.5.20 0.5.23")
+    p.add_argument(
+        "--wheel",
+        action="append",
+        metavar="PATH",
+        help="a local wheel (its version comes from the file name); repeatable",
+    )
+
+
 def _verify_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-j", "--jobs", type=int, default=2, help="parallel pytest runs")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest output")
@@ -245,6 +270,8 @@ COMMANDS: dict[str, Command] = {
                _with_tree),
     "check": (cmd_check, "dry run: would the series apply? plus static checks",
               _with_upstream),
+    "matrix": (cmd_matrix, "status of every patch on several upstream releases",
+               _matrix_args),
     "refresh": (cmd_refresh, "export the tree's commits into patches/, byte-stable",
                 _with_tree),
     "verify": (cmd_verify, "prove each patch's tests fail without it, pass with it",

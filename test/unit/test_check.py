@@ -81,3 +81,20 @@ def test_repeated_checks_reuse_a_clean_scratch_tree(three_patches: Project) -> N
     assert not (scratch / "python/sglang/srt/leftover.py").exists()
     assert git(scratch, "stash", "list") == ""
     assert "xpu-series/backup" not in git(scratch, "branch", "--list")
+
+
+def test_matrix_shows_each_patch_on_each_release(
+    three_patches: Project, tmp_path
+) -> None:
+    from conftest import BASE_FILES, build_wheel, wheel_name
+
+    files = dict(BASE_FILES, **{"sglang/srt/third.py": "LIMIT = 20\n"})
+    newer = tmp_path / wheel_name("0.0.2")
+    build_wheel(newer, files, version="0.0.2")
+    result = three_patches.run("matrix", "--wheel", str(newer))
+    assert result.code == 0, result.err
+    lines = result.out.splitlines()
+    assert lines[0].split() == ["patch", "0.0.1", "0.0.2"]
+    assert lines[3].split() == ["0003-raise-the-limit.patch", "applied", "absorbed"]
+    data = json.loads(three_patches.run("matrix", "--wheel", str(newer), "--json").out)
+    assert set(data["versions"]) == {"0.0.1", "0.0.2"}
