@@ -36,35 +36,30 @@ from sglang.srt.speculative.dflash_utils import (  # noqa: E402
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "tiny_qwen3_config.json"
 
 
-class _ModelDir:
+class _WithTinyModel(CustomTestCase):
     """A model folder holding only a tiny config.json; no weights are needed."""
 
-    def __init__(self) -> None:
-        self._tmp = tempfile.TemporaryDirectory()
-        self.path = self._tmp.name
-        shutil.copy(TINY_CONFIG, f"{self.path}/config.json")
-
-    def close(self) -> None:
-        self._tmp.cleanup()
-
-
-class TestDflashDeviceGate(CustomTestCase):
     @classmethod
     def setUpClass(cls):
-        cls.model = _ModelDir()
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.model_path = cls._tmp.name
+        shutil.copy(TINY_CONFIG, f"{cls.model_path}/config.json")
 
     @classmethod
     def tearDownClass(cls):
-        cls.model.close()
+        cls._tmp.cleanup()
 
-    def _args(self, device: str) -> ServerArgs:
+    def _args(self, device: str, **fields) -> ServerArgs:
         return ServerArgs(
-            model_path=self.model.path,
+            model_path=self.model_path,
             device=device,
             speculative_algorithm="DFLASH",
-            speculative_draft_model_path=self.model.path,
+            speculative_draft_model_path=self.model_path,
+            **fields,
         )
 
+
+class TestDflashDeviceGate(_WithTinyModel):
     def test_xpu_passes_the_device_gate(self):
         speculative_hook._handle_dflash(self._args("xpu"))
 
@@ -79,25 +74,11 @@ class TestDflashDeviceGate(CustomTestCase):
             speculative_hook._handle_dflash(self._args("mps"))
 
 
-class TestDflashDraftBackendResolution(CustomTestCase):
+class TestDflashDraftBackendResolution(_WithTinyModel):
     """`_resolve_dflash_draft_attention_backend` on a raw ServerArgs."""
 
-    @classmethod
-    def setUpClass(cls):
-        cls.model = _ModelDir()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.model.close()
-
     def _resolve(self, draft_backend, **platform) -> str:
-        args = ServerArgs(
-            model_path=self.model.path,
-            device="xpu",
-            speculative_algorithm="DFLASH",
-            speculative_draft_model_path=self.model.path,
-            speculative_draft_attention_backend=draft_backend,
-        )
+        args = self._args("xpu", speculative_draft_attention_backend=draft_backend)
         facts = {"is_xpu": False, "is_hip": False, "is_cuda": False, **platform}
         with override_platform(**facts):
             speculative_hook._resolve_dflash_draft_attention_backend(args)
