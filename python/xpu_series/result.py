@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import enum
-import json
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -99,6 +98,3 @@ class Report:
             "notes": list(self.notes),
             "ok": self.ok,
         }
-
-    def dumps(self) -> str:
-        return json.dumps(self.to_json(), indent=2, sort_keys=True)

@@ -18,8 +18,8 @@ _NAME = re.compile(r"^[0-9]{4}-[a-z0-9][a-z0-9.-]*\.patch$")
 class PatchName(str):
     """A validated patch file name: `NNNN-slug.patch`, no folders.
 
-    >>> PatchName("0001-xpu-attention-causal.patch").number
-    1
+    >>> PatchName("0001-xpu-attention-causal.patch")
+    '0001-xpu-attention-causal.patch'
     >>> PatchName("../evil.patch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
     ...
@@ -33,10 +33,6 @@ class PatchName(str):
                 hint="rename the file and its line in patches/series",
             )
         return super().__new__(cls, value)
-
-    @property
-    def number(self) -> int:
-        return int(self[:4])
 
 
 @dataclass(frozen=True)
@@ -91,12 +87,6 @@ class Series:
         return sorted(
             f.name for f in self.directory.glob("*.patch") if f.name not in listed
         )
-
-    def get(self, name: str) -> Patch:
-        for patch in self.patches:
-            if patch.name == name:
-                return patch
-        raise SeriesError(f"{name} is not in {self.directory / 'series'}")
 
 
 def load_series(directory: Path) -> Series:
