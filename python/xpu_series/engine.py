@@ -85,8 +85,24 @@ def classify_patch(git: Git, patch: Patch) -> PatchStatus:
     return PatchStatus.CONFLICT
 
 
-def commit_patch(git: Git, patch: Patch) -> tuple[PatchStatus, str]:
-    """Apply `patch` on HEAD as one commit; on failure the tree is back at HEAD."""
+def _renames(git: Git, patch: Patch) -> list[tuple[str, str]]:
+    """(path the patch names, path the merge changed instead) for HEAD's commit."""
+    changed = git.out("diff", "--name-only", "HEAD~1", "HEAD").splitlines()
+    named = set(patch.files)
+    lost = [f for f in patch.files if f not in changed]
+    gained = [f for f in changed if f not in named]
+    return list(zip(lost, gained, strict=False))
+
+
+def commit_patch(
+    git: Git, patch: Patch, *, exact: bool = False
+) -> tuple[PatchStatus, str]:
+    """Apply `patch` on HEAD as one commit; on failure the tree is back at HEAD.
+
+    With `exact` (the pin) a patch must land on the paths it names: git's 3-way
+    fallback finds the old blob by its `index` line and can follow it to another
+    file, which is useful on a newer release (and said so), never on the pin.
+    """
     if _check_apply(git, patch.path):
         result = git.run(*_AM, str(patch.path), check=False)
         if result.ok:
@@ -97,7 +113,17 @@ def commit_patch(git: Git, patch: Patch) -> tuple[PatchStatus, str]:
         return PatchStatus.ABSORBED, "reverse-applies: upstream already has it"
     result = git.run(*_AM, "-3", str(patch.path), check=False)
     if result.ok:
-        return PatchStatus.MERGED, "needed a 3-way merge"
+        renames = _renames(git, patch)
+        if not renames:
+            return PatchStatus.MERGED, "needed a 3-way merge"
+        moved = ", ".join(f"{a} -> {b}" for a, b in renames)
+        if not exact:
+            return PatchStatus.MERGED, f"followed rename {moved}"
+        git.run("reset", "-q", "--hard", "HEAD~1")
+        return PatchStatus.CONFLICT, (
+            f"does not apply as written: git's 3-way merge moved it ({moved}); "
+            "on the pin a patch must name the files it changes"
+        )
     text = result.stdout + result.stderr
     _abort_am(git)
     if "No changes" in text or "already applied" in text:
@@ -110,6 +136,38 @@ def commit_patch(git: Git, patch: Patch) -> tuple[PatchStatus, str]:
         failed = _failed_files(git, patch)
         conflicted = failed or list(patch.files)
     return PatchStatus.CONFLICT, f"conflict in {', '.join(conflicted)}"
+
+
+def stop_with_markers(git: Git, patch: Patch) -> list[str]:
+    """Start `git am -3` of `patch` and leave it stopped for a human.
+
+    Returns the unmerged paths (with conflict markers in the work tree); empty
+    when git could not even start a merge, and the change must be made by hand.
+    """
+    git.run(*_AM, "-3", str(patch.path), check=False)
+    return unmerged_paths(git)
+
+
+def unmerged_paths(git: Git) -> list[str]:
+    out = git.run("diff", "--name-only", "--diff-filter=U", check=False).stdout
+    return [line for line in out.splitlines() if line]
+
+
+_MARKER = re.compile(r"^(<{7} |>{7} |={7}$)", re.M)
+
+
+def files_with_markers(git: Git, paths: Sequence[str]) -> list[str]:
+    """Which of `paths` in the work tree still hold conflict markers."""
+    found = []
+    for rel in paths:
+        path = git.repo / rel
+        try:
+            text = path.read_text(encoding="utf-8", errors="replace")
+        except (OSError, IsADirectoryError):
+            continue
+        if _MARKER.search(text):
+            found.append(rel)
+    return found
 
 
 def _failed_files(git: Git, patch: Patch) -> list[str]:
@@ -158,6 +216,7 @@ def apply_patches(
     patches: Sequence[Patch],
     *,
     upstream_version: str | None = None,
+    exact: bool = False,
     on_patch: ProgressHook | None = None,
 ) -> list[PatchOutcome]:
     """Commit each patch in order; after a failure, only report the rest.
@@ -199,7 +258,7 @@ def apply_patches(
                     )
                 )
                 continue
-            status, detail = commit_patch(git, patch)
+            status, detail = commit_patch(git, patch, exact=exact)
             if status in (PatchStatus.CONFLICT, PatchStatus.PARTIAL):
                 claim = declared_absorbed(patch, upstream_version)
                 if claim:

@@ -100,6 +100,13 @@ class Git:
         )
         if check and not result.ok:
             lines = (result.stderr or result.stdout).strip().splitlines()
+            text = result.stderr + result.stdout
+            if "Read-only file system" in text or "Permission denied" in text:
+                raise GitError(
+                    f"{self.repo} is not writable (git {args[0]}: "
+                    f"{lines[-1] if lines else 'no output'})",
+                    hint="make it writable and run the same command again",
+                )
             raise GitError(
                 f"git {' '.join(args[:2])} failed in {self.repo}: "
                 f"{lines[-1] if lines else 'no output'}",

@@ -69,7 +69,7 @@ def load_pin(path: Path) -> Pin:
             f"{path} does not exist",
             hint="run xpu-series from the project root or pass -C <project>",
         ) from None
-    except tomllib.TOMLDecodeError as exc:
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as exc:
         raise UsageError(f"{path} is not valid TOML: {exc}") from None
     upstream = data.get("upstream", {})
     missing = [

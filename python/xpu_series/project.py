@@ -8,6 +8,7 @@ from functools import cached_property
 from pathlib import Path
 
 from xpu_series.errors import UsageError
+from xpu_series.operation import OperationStore
 from xpu_series.pin import Pin, load_pin
 from xpu_series.series import Series, load_series
 
@@ -17,6 +18,9 @@ class Project:
     """A checkout of sglang-xpu (or a synthetic one made by a test)."""
 
     root: Path
+    # Another project's build folder (range-diff materializes an old revision's
+    # patches/ in a scratch folder but builds with the real cache).
+    build_root: Path | None = None
 
     @property
     def patches_dir(self) -> Path:
@@ -24,7 +28,7 @@ class Project:
 
     @property
     def build_dir(self) -> Path:
-        return self.root / "build"
+        return self.build_root or self.root / "build"
 
     @property
     def cache_dir(self) -> Path:
@@ -34,6 +38,11 @@ class Project:
     @property
     def default_tree(self) -> Path:
         return self.build_dir / "sglang"
+
+    @property
+    def operations(self) -> OperationStore:
+        """The state of an apply or rebase in progress (`build/operation/`)."""
+        return OperationStore(self.build_dir, self.patches_dir)
 
     @cached_property
     def pin(self) -> Pin:

@@ -48,7 +48,7 @@ class Patch:
 
     @cached_property
     def text(self) -> str:
-        return self.path.read_text(encoding="utf-8")
+        return read_text(self.path)
 
     @cached_property
     def header(self) -> PatchHeader:
@@ -71,6 +71,9 @@ class Series:
     patches: tuple[Patch, ...]
     duplicates: tuple[str, ...]
     invalid_names: tuple[str, ...]
+    # Lines that needed normalising (CRLF, trailing blanks): read fine, but
+    # refresh rewrites them and check reports them.
+    untidy: tuple[str, ...] = ()
 
     def digest(self) -> str:
         """A hash of the series file and every patch; changes when anything does."""
@@ -101,7 +104,12 @@ def load_series(directory: Path) -> Series:
     seen: set[str] = set()
     duplicates: list[str] = []
     invalid: list[str] = []
-    for raw in series_file.read_text(encoding="utf-8").splitlines():
+    untidy: list[str] = []
+    for number, raw in enumerate(read_text(series_file).splitlines(True), start=1):
+        if raw.endswith("\r\n") or raw.endswith("\r"):
+            untidy.append(f"line {number} ends in CRLF")
+        elif raw.rstrip("\n") != raw.rstrip():
+            untidy.append(f"line {number} has trailing whitespace")
         line = raw.split("#", 1)[0].strip()
         if not line:
             continue
@@ -121,7 +129,47 @@ def load_series(directory: Path) -> Series:
             invalid.append(exc.message)
             continue
         patches.append(Patch(name, directory / name))
-    return Series(directory, tuple(patches), tuple(duplicates), tuple(invalid))
+    return Series(
+        directory, tuple(patches), tuple(duplicates), tuple(invalid), tuple(untidy)
+    )
+
+
+def read_text(path: Path) -> str:
+    """A series or patch file as text; bytes that are not UTF-8 are our error."""
+    try:
+        return path.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise SeriesError(
+            f"{path} is not UTF-8 text (byte {exc.start})",
+            hint="patch files are written by 'xpu-series refresh'; regenerate it",
+        ) from None
+    except OSError as exc:
+        raise SeriesError(f"cannot read {path}: {exc.strerror}") from None
+
+
+def format_problems(series: Series) -> list[str]:
+    """Lines of `series` that read fine but are not in refresh's form."""
+    name = series.directory / "series"
+    return [
+        f"{name}: {what} (read as if clean; 'xpu-series refresh' rewrites it)"
+        for what in series.untidy
+    ]
+
+
+def test_problems(series: Series, root: Path) -> list[str]:
+    """Every `Tests:` path that names no file in the project."""
+    problems = []
+    for patch in series.patches:
+        if not patch.exists:
+            continue
+        try:
+            tests = patch.header.tests
+        except SeriesError:
+            continue  # static_problems reports the unreadable file
+        for test in tests:
+            if not (root / test.split("::")[0]).exists():
+                problems.append(f"{patch.name}: Tests: {test} does not exist")
+    return problems
 
 
 def path_problem(path: str, tree: Path | None) -> str | None:
@@ -166,6 +214,11 @@ def static_problems(
     for patch in series.patches:
         if not patch.exists:
             problems.append(f"{series_file} lists {patch.name}, which does not exist")
+            continue
+        try:
+            _ = patch.text
+        except SeriesError as exc:
+            problems.append(exc.message)
             continue
         if not patch.files:
             problems.append(f"{patch.name} contains no diff")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -136,20 +137,66 @@ def materialize_base(
             git.run("fetch", "-q", str(cache_repo), f"+refs/tags/{UPSTREAM_TAG}:"
                     f"refs/tags/{UPSTREAM_TAG}")  # fmt: skip
         else:
-            if tree.exists():
-                tree.rmdir()
-            tree.parent.mkdir(parents=True, exist_ok=True)
-            # A local clone hard-links the pack: no copy of the objects.
-            Git(tree.parent).run(
-                "clone", "-q", "--local", "--no-checkout", str(cache_repo), str(tree)
-            )
-            _configure(git)
+            record = {"version": wheel.version, "sha256": wheel.sha256}
+            commit = _build_beside(cache_repo, tree, record)
+            return BaseInfo(commit, wheel.version, wheel.sha256, source)
     git.run("checkout", "-q", "-f", "-B", BRANCH, UPSTREAM_TAG)
     commit = git.out("rev-parse", UPSTREAM_TAG)
     record = read_record(git) if source == "tree" else {}
     record.update(version=wheel.version, sha256=wheel.sha256, base=commit)
     write_record(git, record)
     return BaseInfo(commit, wheel.version, wheel.sha256, source)
+
+
+def partial_trees(tree: Path) -> list[Path]:
+    """Trees an interrupted build left beside `tree` (never renamed into place)."""
+    return sorted(tree.parent.glob(f".{tree.name}.partial-*"))
+
+
+def _build_beside(cache_repo: Path, tree: Path, record: dict) -> str:
+    """Clone and check out a new tree beside its final path, then rename it in.
+
+    An interrupt at any moment leaves either no tree or a complete one; the
+    half-made folder beside it is ours and the next build removes it.
+    """
+    for leftover in partial_trees(tree):
+        shutil.rmtree(leftover, ignore_errors=True)
+    staging = tree.parent / f".{tree.name}.partial-{os.getpid()}"
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    # A local clone hard-links the pack: no copy of the objects.
+    Git(tree.parent).run(
+        "clone", "-q", "--local", "--no-checkout", str(cache_repo), str(staging)
+    )
+    new = Git(staging)
+    _configure(new)
+    new.run("checkout", "-q", "-f", "-B", BRANCH, UPSTREAM_TAG)
+    commit = new.out("rev-parse", UPSTREAM_TAG)
+    # The record goes in before the rename: a tree without one is taken for a
+    # user's own upstream checkout.
+    write_record(new, {**record, "base": commit})
+    if tree.exists():
+        tree.rmdir()  # only an empty folder gets here
+    os.replace(staging, tree)
+    return commit
+
+
+def repair(git: Git) -> list[str]:
+    """Undo what an interrupted git command of ours left in a tree we own.
+
+    Only called on trees the tool was building (scratch trees, or a tree whose
+    operation state says it was interrupted): nothing in them is a user's edit.
+    """
+    notes: list[str] = []
+    git_dir = git.repo / ".git"
+    lock = git_dir / "index.lock"
+    if lock.exists():
+        lock.unlink()
+        notes.append("removed the index.lock an interrupted git command left")
+    if (git_dir / "rebase-apply").exists():
+        git.run("am", "--abort", check=False)
+        shutil.rmtree(git_dir / "rebase-apply", ignore_errors=True)
+    git.run("reset", "-q", "--hard", check=False)
+    return notes
 
 
 def checkout_base(tree: Path) -> BaseInfo:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 import shutil
 import sys
 import tempfile
@@ -19,15 +20,15 @@ from xpu_series.pin import Pin
 _CHUNK = 1 << 20
 # pip's own words when the index cannot be reached or does not have the file.
 _NETWORK_MARKERS = (
-    "Could not find a version",
-    "No matching distribution",
     "Failed to establish a new connection",
     "Connection refused",
     "Network is unreachable",
     "Temporary failure in name resolution",
     "Max retries exceeded",
     "ConnectTimeout",
+    "NewConnectionError",
 )
+_VERSIONS = re.compile(r"\(from versions: ([^)]*)\)")
 
 
 @dataclass(frozen=True)
@@ -58,18 +59,138 @@ def _quarantine(path: Path, cache: Path, digest: str) -> Path:
     return target
 
 
-def _check_hash(path: Path, pin: Pin, cache: Path, *, owned: bool) -> str:
-    digest = sha256_file(path)
-    if pin.pinned and digest != pin.sha256:
-        where = ""
-        if owned:
-            where = f"; the file was moved to {_quarantine(path, cache, digest)}"
-        raise IntegrityError(
-            f"{path.name} has sha256 {digest}, but the pin says {pin.sha256}{where}",
-            hint="the index served a different file, or the pin is wrong: "
-            "check patches/upstream.toml before trusting this wheel",
+def cached_path(cache: Path, name: str, digest: str) -> Path:
+    """Where a verified wheel lives: content-addressed, so no file ever replaces
+    another with different bytes."""
+    return cache / "wheels" / digest / name
+
+
+def _mismatch(
+    path: Path, digest: str, pin: Pin, origin: str, where: str
+) -> IntegrityError:
+    hints = {
+        "local": f"{path} is not the pinned file: get {pin.wheel} with the "
+        "'pip download' line in patches/upstream.toml",
+        "index": "the package index served a different file, or the pin is wrong: "
+        "check patches/upstream.toml before trusting this wheel",
+        "cache": f"run 'xpu-series fetch' to download {pin.wheel} again",
+    }
+    whose = {
+        "local": "the file you passed",
+        "index": "the file the package index served",
+        "cache": "the cached file",
+    }[origin]
+    return IntegrityError(
+        f"{path.name}: {whose} has sha256 {digest}, but the pin says "
+        f"{pin.sha256}{where}",
+        hint=hints[origin],
+    )
+
+
+def _store(source: Path, dest: Path, *, move: bool, origin: str) -> None:
+    """Put a verified file at its content-addressed place (copy, then rename)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = dest.with_name(f".{dest.name}.part")
+    if move:
+        os.replace(source, tmp)
+    else:
+        shutil.copyfile(source, tmp)
+    os.replace(tmp, dest)
+    (dest.parent / "origin").write_text(origin + "\n")
+
+
+def _hint_version(pin: Pin) -> str:
+    return "" if pin.pinned else f" --upstream {pin.version}"
+
+
+def _cached(pin: Pin, cache: Path) -> FetchedWheel | None:
+    """The verified wheel for `pin` already in the cache, if any."""
+    wheels = cache / "wheels"
+    legacy = wheels / pin.wheel  # the layout before content addressing
+    if legacy.is_file():
+        digest = sha256_file(legacy)
+        if pin.pinned and digest != pin.sha256:
+            where = f"; the file was moved to {_quarantine(legacy, cache, digest)}"
+            raise _mismatch(legacy, digest, pin, "cache", where)
+        if pin.pinned or _readable(legacy, pin):
+            _store(legacy, cached_path(cache, pin.wheel, digest), move=True,
+                   origin="cache")  # fmt: skip
+        else:
+            _quarantine(legacy, cache, digest)
+    if pin.pinned:
+        candidates = [cached_path(cache, pin.wheel, pin.sha256)]
+    else:
+        # Several files may carry one name (a local build, the index's): the one
+        # the index served wins, then the newest.
+        candidates = sorted(
+            wheels.glob(f"*/{pin.wheel}"),
+            key=lambda p: (_origin(p) == "index", p.stat().st_mtime),
+            reverse=True,
         )
-    return digest
+    for path in candidates:
+        if not path.is_file():
+            continue
+        digest = sha256_file(path)
+        if digest != path.parent.name:
+            where = f"; the file was moved to {_quarantine(path, cache, digest)}"
+            if pin.pinned:
+                raise _mismatch(path, digest, pin, "cache", where)
+            raise WheelError(
+                f"the cached {path.name} was changed on disk{where}",
+                hint=f"run 'xpu-series fetch{_hint_version(pin)}' to get it again",
+            )
+        return FetchedWheel(path, digest, pin.version, pin.pinned, "cache")
+    return None
+
+
+def _origin(path: Path) -> str:
+    try:
+        return (path.parent / "origin").read_text().strip()
+    except OSError:
+        return ""
+
+
+def _readable(path: Path, pin: Pin) -> bool:
+    try:
+        check_wheel(path, pin)
+    except WheelError:
+        return False
+    return True
+
+
+def _network_error(pin: Pin, text: str) -> NetworkError:
+    versions = _VERSIONS.search(text)
+    listed = (
+        []
+        if not versions
+        else [v.strip() for v in versions.group(1).split(",") if v.strip() != "none"]
+    )
+    if listed:
+        if pin.version not in listed:
+            return NetworkError(
+                f"{pin.project} {pin.version} does not exist on the package index; "
+                f"the newest release is {listed[-1]}",
+                hint=f"pick a listed release, e.g. --upstream {listed[-1]}",
+            )
+        return NetworkError(
+            f"the package index has {pin.project} {pin.version}, but no file "
+            f"{pin.wheel} (python {pin.python_version}, {pin.platform})",
+            hint="check python-version and platform in patches/upstream.toml",
+        )
+    if any(m in text for m in _NETWORK_MARKERS) or versions:
+        # pip lists no release at all when it reaches no index.
+        return NetworkError(
+            f"could not reach the package index to get {pin.wheel} (pip saw no "
+            f"{pin.project} release at all), and it is not in the cache",
+            hint=f"copy the file from a machine that has it and run "
+            f"'xpu-series fetch{_hint_version(pin)} --wheel PATH/{pin.wheel}'",
+        )
+    lines = text.strip().splitlines()
+    return NetworkError(
+        f"pip could not download {pin.project}=={pin.version}: "
+        f"{lines[-1] if lines else 'no output'}",
+        hint=f"download {pin.wheel} yourself and pass --wheel PATH",
+    )
 
 
 def _pip_download(pin: Pin, dest: Path, *, progress: bool) -> None:
@@ -83,65 +204,90 @@ def _pip_download(pin: Pin, dest: Path, *, progress: bool) -> None:
     if not progress:
         args.insert(4, "--progress-bar=off")
     result = run_command(args, capture=not progress)
-    if result.ok:
-        return
-    text = result.stderr + result.stdout
-    if not progress and not any(m in text for m in _NETWORK_MARKERS):
-        lines = text.strip().splitlines()
-        raise NetworkError(
-            f"pip could not download {pin.project}=={pin.version}: "
-            f"{lines[-1] if lines else 'no output'}",
-            hint=f"download {pin.wheel} yourself and pass --wheel PATH",
-        )
-    raise NetworkError(
-        f"could not get {pin.wheel} from the package index (no network, or the "
-        "index does not have it) and it is not in the cache",
-        hint=f"copy the file from a machine that has it and run "
-        f"'xpu-series fetch --wheel PATH/{pin.wheel}'",
-    )
+    if not result.ok and progress:
+        # The bar went to the terminal, and so did pip's reason: ask again, quietly,
+        # to tell a missing release from an unreachable index.
+        args.insert(4, "--progress-bar=off")
+        result = run_command(args)
+    if not result.ok:
+        raise _network_error(pin, result.stderr + result.stdout)
 
 
 def fetch_wheel(
-    pin: Pin, cache: Path, *, local: Path | None = None, progress: bool = False
+    pin: Pin,
+    cache: Path,
+    *,
+    local: Path | None = None,
+    progress: bool = False,
+    sha256: str | None = None,
+    offline: bool = False,
 ) -> FetchedWheel:
-    """The pinned wheel from the cache, a local file, or the index (in that order).
+    """The wheel from a local file, the cache, or the index (in that order).
 
-    The hash is checked before the file is used for anything. A pinned file that
-    does not match is moved to `<cache>/rejected/` (never a user's own --wheel file).
+    The hash is checked before the file is used for anything. The cache is
+    content-addressed (`wheels/<sha256>/<name>`): an unpinned file is checked to
+    be a readable sglang wheel first, and no file ever replaces another. A pinned
+    download that does not match is moved to `<cache>/rejected/`; a user's own
+    --wheel file is never moved. `sha256` names the exact file an operation
+    already chose for an unpinned release; `offline` never asks the index.
     """
-    wheels = cache / "wheels"
-    wheels.mkdir(parents=True, exist_ok=True)
-    cached = wheels / pin.wheel
+    if sha256 and not pin.pinned:
+        known = cached_path(cache, pin.wheel, sha256)
+        if known.is_file() and sha256_file(known) == sha256:
+            return FetchedWheel(known, sha256, pin.version, False, "cache")
     if local is not None:
         if not local.is_file():
             raise WheelError(f"{local} is not a file", hint="pass the path of a .whl")
-        digest = _check_hash(local, pin, cache, owned=False)
-        if local.resolve() != cached.resolve():
-            tmp = cached.with_suffix(".part")
-            shutil.copyfile(local, tmp)
-            os.replace(tmp, cached)
-        return FetchedWheel(cached, digest, pin.version, pin.pinned, "local")
-    if cached.is_file():
-        digest = _check_hash(cached, pin, cache, owned=True)
-        return FetchedWheel(cached, digest, pin.version, pin.pinned, "cache")
+        digest = sha256_file(local)
+        if pin.pinned and digest != pin.sha256:
+            raise _mismatch(local, digest, pin, "local", "")
+        check_wheel(local, pin)
+        target = cached_path(cache, pin.wheel, digest)
+        if not target.is_file():
+            _store(local, target, move=False, origin=f"local {local}")
+        return FetchedWheel(target, digest, pin.version, pin.pinned, "local")
+    found = _cached(pin, cache)
+    if found is not None:
+        return found
+    if offline:
+        raise NetworkError(f"{pin.wheel} is not in the cache")
+    wheels = cache / "wheels"
+    wheels.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=wheels) as tmp:
         _pip_download(pin, Path(tmp), progress=progress)
-        found = sorted(Path(tmp).glob(f"{pin.project}-{pin.version}-*.whl"))
-        if not found:
+        got_all = sorted(Path(tmp).glob(f"{pin.project}-{pin.version}-*.whl"))
+        if not got_all:
             raise NetworkError(
                 f"pip finished but left no {pin.project} {pin.version} wheel",
                 hint="pass --wheel PATH",
             )
-        got = found[0]
+        got = got_all[0]
         if pin.pinned and got.name != pin.wheel:
             raise IntegrityError(
                 f"pip fetched {got.name}, but the pin names {pin.wheel}",
                 hint="check python-version and platform in patches/upstream.toml",
             )
-        digest = _check_hash(got, pin, cache, owned=True)
-        target = wheels / got.name
-        os.replace(got, target)
+        digest = sha256_file(got)
+        if pin.pinned and digest != pin.sha256:
+            where = f"; the file was moved to {_quarantine(got, cache, digest)}"
+            raise _mismatch(got, digest, pin, "index", where)
+        check_wheel(got, pin)
+        target = cached_path(cache, got.name, digest)
+        _store(got, target, move=True, origin="index")
     return FetchedWheel(target, digest, pin.version, pin.pinned, "download")
+
+
+def check_wheel(path: Path, pin: Pin) -> None:
+    """A readable zip whose names are safe and that carries the layout's folders."""
+    try:
+        archive = zipfile.ZipFile(path)
+    except (zipfile.BadZipFile, OSError) as exc:
+        raise WheelError(
+            f"{path.name} is not a readable wheel ({exc})",
+            hint=f"{path} is damaged: get the file again",
+        ) from None
+    with archive:
+        _mapped_members(archive, path, pin)
 
 
 def _mapped_members(
@@ -161,10 +307,12 @@ def _mapped_members(
         if target is not None:
             members.append((info, target))
     if not members:
+        tops = sorted({PurePosixPath(i.filename).parts[0] for i in archive.infolist()})
         raise WheelError(
-            f"{path.name} holds nothing under "
-            f"{', '.join(src for src, _ in pin.layout)}",
-            hint="check [layout] in patches/upstream.toml",
+            f"{path.name} is not an {pin.project} wheel: it holds nothing under "
+            f"{', '.join(src for src, _ in pin.layout)} (it holds "
+            f"{', '.join(tops[:4]) or 'nothing'})",
+            hint=f"pass a wheel of {pin.project}",
         )
     return members
 
@@ -181,7 +329,7 @@ def wheel_files(path: Path, pin: Pin) -> Iterator[tuple[str, bool, bytes]]:
     except (zipfile.BadZipFile, OSError) as exc:
         raise WheelError(
             f"{path.name} is not a readable wheel ({exc})",
-            hint=f"delete {path} and run 'xpu-series fetch' again",
+            hint=f"{path} is damaged: get the file again",
         ) from None
     with archive:
         for info, target in _mapped_members(archive, path, pin):
@@ -190,7 +338,7 @@ def wheel_files(path: Path, pin: Pin) -> Iterator[tuple[str, bool, bytes]]:
             except (zipfile.BadZipFile, EOFError, OSError) as exc:
                 raise WheelError(
                     f"{path.name} is truncated or corrupt ({exc})",
-                    hint=f"delete {path} and run 'xpu-series fetch' again",
+                    hint=f"{path} is damaged: get the file again",
                 ) from None
             # git tracks only the executable bit; keep it, drop the rest.
             yield target, bool((info.external_attr >> 16) & 0o111), data

@@ -62,6 +62,11 @@ def git(cwd: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+def cached_wheel(root: Path, version: str, sha: str) -> Path:
+    """Where the content-addressed cache keeps a verified wheel."""
+    return root / "build/cache/wheels" / sha / wheel_name(version)
+
+
 @dataclass
 class Result:
     code: int
@@ -85,6 +90,10 @@ class Project:
     @property
     def patches(self) -> Path:
         return self.root / "patches"
+
+    @property
+    def cached(self) -> Path:
+        return cached_wheel(self.root, "0.0.1", self.sha)
 
     def commit_change(self, rel: str, text: str, subject: str, **fields: str) -> None:
         """Edit a file in the tree and commit it with a reviewer-ready message."""

@@ -183,7 +183,36 @@ def _conflicting_series(project: Project) -> None:
     series.write_text(series.read_text() + "0004-four.patch\n")
 
 
-def test_conflict_reports_every_patch_and_stops_at_last_good(
+def _three_way_conflict(project: Project) -> None:
+    """A fourth patch made against upstream that changes 0002's line otherwise."""
+    text = (project.patches / "0002-fix-the-answer.patch").read_text()
+    text = text.replace("+    return 42", "+    return 43").replace(
+        "[XPU] Fix the answer", "[XPU] Other answer"
+    )
+    (project.patches / "0004-other-answer.patch").write_text(text)
+    series = project.patches / "series"
+    series.write_text(series.read_text() + "0004-other-answer.patch\n")
+
+
+def test_three_way_conflict_leaves_markers_and_continue_finishes(
+    three_patches: Project,
+) -> None:
+    _three_way_conflict(three_patches)
+    result = three_patches.run("apply")
+    assert result.code == 3
+    assert "conflict markers in python/sglang/srt/other.py" in result.err
+    other = three_patches.tree / "python/sglang/srt/other.py"
+    assert "<<<<<<<" in other.read_text()
+    refused = three_patches.run("apply", "--continue")
+    assert refused.code == 1 and "conflict markers in" in refused.err
+    other.write_text("def answer():\n    return 43\n")
+    git(three_patches.tree, "add", "-A")
+    done = three_patches.run("apply", "--continue")
+    assert done.code == 0, done.err
+    assert subjects(three_patches.tree)[-1] == "[XPU] Other answer"
+
+
+def test_conflict_reports_every_patch_and_stops_at_the_conflict(
     three_patches: Project,
 ) -> None:
     three_patches.run("apply")
@@ -198,20 +227,76 @@ def test_conflict_reports_every_patch_and_stops_at_last_good(
         "0003-raise-the-limit.patch": "applied",
         "0004-four.patch": "skipped",
     }
+    assert data["stopped"] == "0002-fix-the-answer.patch"
     third = next(p for p in data["patches"] if p["name"].startswith("0003"))
-    assert "not committed" in third["detail"]
+    assert "checked only" in third["detail"]
     assert subjects(three_patches.tree) == ["[XPU] Raise VALUE"]
-    assert not (three_patches.tree / ".git" / "rebase-apply").exists()
+    # The conflicting patch is left in progress for a human; with no base blob
+    # to merge from, git leaves no markers and the message says to apply it by
+    # hand.
+    assert (three_patches.tree / ".git" / "rebase-apply").exists()
+    assert "by hand" in result.err
 
 
-def test_conflict_text_output_names_patch_and_next_step(
-    three_patches: Project,
-) -> None:
+def test_conflict_hint_continue_followed_literally(three_patches: Project) -> None:
     three_patches.run("apply")
     _conflicting_series(three_patches)
+    before = {p.name: p.read_bytes() for p in three_patches.patches.iterdir()}
     result = three_patches.run("apply")
     assert "error: 0002-fix-the-answer.patch does not apply" in result.err
-    assert "hint:" in result.err and "am -3" in result.err
+    assert "'xpu-series apply --continue'" in result.err
+    # Continuing before the change is made is refused, and changes nothing.
+    refused = three_patches.run("apply", "--continue")
+    assert refused.code == 1 and "nothing is staged" in refused.err
+    # Resolve, git add, continue: every patch is committed, patches/ untouched.
+    other = three_patches.tree / "python/sglang/srt/other.py"
+    other.write_text("def answer():\n    return 42\n")
+    git(three_patches.tree, "add", "python/sglang/srt/other.py")
+    done = three_patches.run("apply", "--continue")
+    assert done.code == 0, done.err
+    assert "xpu-series refresh" in done.err
+    assert subjects(three_patches.tree) == [
+        "[XPU] Raise VALUE",
+        "[XPU] Fix the answer",
+        "[XPU] Raise the limit",
+        "[XPU] Four",
+    ]
+    assert {p.name: p.read_bytes() for p in three_patches.patches.iterdir()} == before
+    # The hint after --continue: refresh writes the resolution, keeps every file.
+    refreshed = three_patches.run("refresh")
+    assert refreshed.code == 0, refreshed.err
+    assert sorted(p.name for p in three_patches.patches.glob("*.patch")) == sorted(
+        n for n in before if n.endswith(".patch")
+    )
+    assert "-    return 41" in (
+        three_patches.patches / "0002-fix-the-answer.patch"
+    ).read_text()
+
+
+def test_conflict_hint_abort_followed_literally(three_patches: Project) -> None:
+    three_patches.run("apply")
+    head = git(three_patches.tree, "rev-parse", "HEAD")
+    record = (three_patches.tree / ".git/xpu-series.json").read_bytes()
+    _conflicting_series(three_patches)
+    assert three_patches.run("apply").code == 3
+    result = three_patches.run("apply", "--abort")
+    assert result.code == 0, result.err
+    assert git(three_patches.tree, "rev-parse", "HEAD") == head
+    assert git(three_patches.tree, "status", "--porcelain") == ""
+    assert (three_patches.tree / ".git/xpu-series.json").read_bytes() == record
+    assert not (three_patches.tree / ".git" / "rebase-apply").exists()
+    assert three_patches.run("apply", "--abort").code == 2  # nothing in progress
+
+
+def test_apply_refuses_while_stopped_and_says_how_to_go_on(
+    three_patches: Project,
+) -> None:
+    _conflicting_series(three_patches)
+    assert three_patches.run("apply").code == 3
+    again = three_patches.run("apply")
+    assert again.code == 1
+    assert "--continue" in again.err and "--abort" in again.err
+    assert three_patches.run("refresh").code == 1
 
 
 def test_interrupt_leaves_the_tree_at_the_last_applied_patch(
@@ -221,21 +306,26 @@ def test_interrupt_leaves_the_tree_at_the_last_applied_patch(
     real_commit = engine.commit_patch
     calls = []
 
-    def interrupted_second(git_, patch):
+    def interrupted_second(git_, patch, **kwargs):
         calls.append(patch.name)
         if len(calls) == 2:
             # Ctrl-C lands while git am is writing the second patch.
-            real_commit(git_, patch)
+            real_commit(git_, patch, **kwargs)
             raise KeyboardInterrupt
-        return real_commit(git_, patch)
+        return real_commit(git_, patch, **kwargs)
 
     monkeypatch.setattr(engine, "commit_patch", interrupted_second)
     result = three_patches.run("apply")
     assert result.code == 1
-    assert "interrupted" in result.err and "last fully applied patch" in result.err
+    assert "interrupted" in result.err and "--continue" in result.err
     assert subjects(three_patches.tree) == ["[XPU] Raise VALUE"]
     assert git(three_patches.tree, "status", "--porcelain") == ""
     assert not lock_path(three_patches.tree).exists()
+    monkeypatch.setattr(engine, "commit_patch", real_commit)
+    # The hint, followed: --continue finishes the same three commits.
+    done = three_patches.run("apply", "--continue")
+    assert done.code == 0, done.err
+    assert len(subjects(three_patches.tree)) == 3
 
 
 def test_second_apply_on_a_locked_tree_names_the_holder(

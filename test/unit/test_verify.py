@@ -40,8 +40,8 @@ def test_proven_series_passes(verified: Project) -> None:
     assert result.code == 0, result.out
     (proof,) = data["patches"]
     assert proof["verdict"] == "proven"
-    assert proof["without"] == {"passed": 1, "failed": 1, "skipped": 0}
-    assert proof["with"] == {"passed": 2, "failed": 0, "skipped": 0}
+    assert proof["without"] == {"passed": 1, "failed": 1, "skipped": 0, "errors": 0}
+    assert proof["with"] == {"passed": 2, "failed": 0, "skipped": 0, "errors": 0}
 
 
 def test_vacuous_broken_and_untested_patches_fail(verified: Project) -> None:

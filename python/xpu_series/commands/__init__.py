@@ -1,1 +1,100 @@
-"""One module per verb; each returns a result object and never prints."""
+"""One module per verb: its arguments (`add_arguments`), its logic (`run_*`) and its
+rendering (`execute`, which returns text and never prints). `cli.py` only builds the
+parser from `VERBS` and prints what `execute` returns."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xpu_series.project import Project, find_project
+from xpu_series.result import ExitCode
+
+VERBS = (
+    "fetch",
+    "apply",
+    "status",
+    "check",
+    "matrix",
+    "refresh",
+    "verify",
+    "rebase",
+    "range-diff",
+)
+
+
+@dataclass
+class Output:
+    """What a verb has to say: stdout text, stderr lines, JSON, exit code."""
+
+    code: int = ExitCode.OK
+    out: list[str] = field(default_factory=list)
+    err: list[str] = field(default_factory=list)
+    data: dict[str, Any] | None = None
+
+    def error(self, message: str, hint: str = "") -> None:
+        self.err.append(f"error: {message}")
+        if hint:
+            self.err.append(f"hint: {hint}")
+
+
+@dataclass
+class Context:
+    """The parsed command line plus what the CLI lends a verb while it runs."""
+
+    args: argparse.Namespace
+    # Prints one progress line to stderr (only the CLI prints; a verb calls this).
+    say: Callable[[str], None]
+
+    @property
+    def json(self) -> bool:
+        return bool(getattr(self.args, "json", False))
+
+    @property
+    def progress(self) -> bool:
+        return not self.json and sys.stderr.isatty()
+
+    def project(self) -> Project:
+        root = getattr(self.args, "project", None)
+        return find_project(Path(root) if root else None)
+
+    def tree(self, project: Project) -> Path:
+        tree = getattr(self.args, "tree", None)
+        return Path(tree).resolve() if tree else project.default_tree
+
+    def path(self, name: str) -> Path | None:
+        value = getattr(self.args, name, None)
+        return Path(value) if value else None
+
+
+def add_upstream(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--upstream", metavar="VERSION", help="an sglang release other than the pin"
+    )
+    p.add_argument(
+        "--wheel", metavar="PATH", help="use this local wheel file (offline use)"
+    )
+
+
+def add_tree(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--tree", metavar="DIR", help="the git tree to use (default: build/sglang)"
+    )
+
+
+def problems_hint(out: Output, problems: list[str], verb: str) -> None:
+    """Each static problem as an error, and a next step that is not this verb."""
+    for problem in problems:
+        out.err.append(f"error: {problem}")
+    if problems:
+        nxt = (
+            "fix patches/ (the commits in build/sglang, then 'xpu-series refresh'), "
+            "then run 'xpu-series check' again"
+            if verb == "check"
+            else "fix patches/ ('xpu-series check' lists every problem)"
+        )
+        out.err.append(f"hint: {nxt}")

@@ -1,33 +1,49 @@
-"""apply: materialize the pinned upstream as a git tree and commit each patch on it."""
+"""apply: materialize the pinned upstream as a git tree and commit each patch on it.
+
+On the user's tree apply is an operation (see sequencer.py): it stops at a
+conflict with the markers in place and goes on with `--continue`, or goes back
+with `--abort`. Scratch trees (check, verify, matrix) report every patch instead.
+"""
 
 from __future__ import annotations
 
+import argparse
 import sys
 import sysconfig
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from xpu_series.commands import Context, Output, add_tree, add_upstream, problems_hint
 from xpu_series.engine import ProgressHook, apply_patches
-from xpu_series.errors import TreeError
+from xpu_series.errors import TreeError, UsageError
 from xpu_series.git import Git
 from xpu_series.lock import tree_lock
+from xpu_series.operation import Operation, copy_patches, require_idle
 from xpu_series.project import Project
-from xpu_series.result import PatchOutcome, PatchStatus, Report, UpstreamInfo
+from xpu_series.result import ExitCode, PatchOutcome, PatchStatus, Report, UpstreamInfo
+from xpu_series.sequencer import (
+    Outcome,
+    Runner,
+    abort_operation,
+    borrow_pin_objects,
+    open_operation,
+    record_applied,
+    resume,
+)
 from xpu_series.series import Series, static_problems
 from xpu_series.tree import (
     APPLIED_REF,
-    PIN_BASE_REF,
     UPSTREAM_TAG,
     BaseInfo,
-    checkout_base,
-    ensure_base_cache,
     materialize_base,
     read_record,
-    write_record,
+    repair,
 )
+from xpu_series.ui import render_report
 from xpu_series.wheel import fetch_wheel
 
+HELP = "build the tree: upstream commit + one commit per patch"
 PTH_NAME = "xpu-series-tree.pth"
 
 
@@ -62,9 +78,21 @@ def _refused_report(series: Series, problems: list[str], tree: Path) -> Report:
     return Report(None, outcomes, problems=problems, tree=str(tree))
 
 
+def _stamp(git: Git) -> str:
+    head = git.rev("HEAD") or ""
+    return f"{time.strftime('%Y%m%d-%H%M%S')}-{head[:8]}"
+
+
 def save_local_edits(git: Git, force: bool) -> list[str]:
     """Refuse to reset a tree with edits, or (with force) keep them reachable."""
     notes: list[str] = []
+    if (git.repo / ".git" / "index.lock").exists():
+        raise TreeError(
+            f"{git.repo} has a .git/index.lock: a git command is running there, "
+            "or one was killed",
+            hint=f"if no git command is running in {git.repo}, remove "
+            f"{git.repo / '.git' / 'index.lock'} and run the same command again",
+        )
     dirty = git.dirty_paths()
     head = git.rev("HEAD")
     recorded = git.rev(APPLIED_REF)
@@ -83,7 +111,7 @@ def save_local_edits(git: Git, force: bool) -> list[str]:
             hint="commit and run 'xpu-series refresh' to keep them in the series, "
             "or re-run with --force to set them aside (stash and backup branch)",
         )
-    stamp = time.strftime("%Y%m%d-%H%M%S")
+    stamp = _stamp(git)
     if unexported:
         branch = f"xpu-series/backup-{stamp}"
         git.run("branch", "-f", branch, "HEAD")
@@ -97,16 +125,20 @@ def save_local_edits(git: Git, force: bool) -> list[str]:
     return notes
 
 
-def _borrow_pin_objects(project: Project, git: Git) -> list[str]:
-    """Make the pinned base's blobs available so `git am -3` can merge patches
-    made against it onto another upstream. Best effort: only from the cache."""
-    pin = project.pin
-    if not (project.cache_dir / "wheels" / pin.wheel).is_file():
-        return ["the pinned wheel is not cached: no 3-way merge fallback"]
-    wheel = fetch_wheel(pin, project.cache_dir)
-    cache_repo, _built = ensure_base_cache(wheel, pin, project.cache_dir)
-    git.run("fetch", "-q", str(cache_repo), f"+refs/tags/{UPSTREAM_TAG}:{PIN_BASE_REF}")
-    return []
+def _keep_foreign_head(git: Git, series: Series) -> str:
+    """A HEAD that apply did not build from the current patches/ goes on a backup
+    branch before apply replaces it (it costs one ref). Returns the branch."""
+    head, upstream = git.rev("HEAD"), git.rev(UPSTREAM_TAG)
+    if head is None or head == upstream:
+        return ""
+    built_here = head == git.rev(APPLIED_REF) and (
+        read_record(git).get("series") == series.digest()
+    )
+    if built_here:
+        return ""
+    branch = f"xpu-series/backup-{_stamp(git)}"
+    git.run("branch", "-f", branch, head)
+    return branch
 
 
 def link_venv(project: Project, tree: Path) -> Path | None:
@@ -124,62 +156,239 @@ def link_venv(project: Project, tree: Path) -> Path | None:
     return pth
 
 
-def run_apply(
-    project: Project, options: ApplyOptions, on_patch: ProgressHook | None = None
+def _run_scratch(
+    project: Project, options: ApplyOptions, series: Series, on_patch: ProgressHook
 ) -> Report:
-    """Build `options.tree` = upstream + one commit per patch; report every patch."""
-    series = project.series()
+    """Apply into a tree the tool owns and report every patch (no stopping)."""
     tree = options.tree
     prefixes = allowed_prefixes(project)
-    problems = static_problems(series, None, prefixes)
-    if problems:
-        return _refused_report(series, problems, tree)
-    tree.parent.mkdir(parents=True, exist_ok=True)
-    with tree_lock(tree, "xpu-series apply"):
+    with tree_lock(tree, "xpu-series apply (scratch)"):
         git = Git(tree)
         notes: list[str] = []
-        is_checkout = git.is_repo() and not read_record(git).get("sha256")
-        if git.is_repo() and options.scratch:
-            git.run("reset", "-q", "--hard")
+        if git.is_repo():
+            repair(git)
             git.run("clean", "-q", "-fdx")
-        elif git.is_repo():
-            notes += save_local_edits(git, options.force)
-        upstream: UpstreamInfo
-        base: BaseInfo
-        if is_checkout:
-            base = checkout_base(tree)
-            upstream = UpstreamInfo(base.version, "", pinned=False, source="checkout")
-        else:
-            pin = project.pin.for_version(options.version or project.pin.version)
-            wheel = fetch_wheel(
-                pin, project.cache_dir, local=options.wheel, progress=options.progress
-            )
-            base = materialize_base(wheel, pin, tree, project.cache_dir)
-            upstream = UpstreamInfo(wheel.version, wheel.sha256, pinned=pin.pinned)
-            if not pin.pinned:
-                notes.append(
-                    f"{pin.wheel} is not the pin; its sha256 {wheel.sha256} was "
-                    "recorded, not checked"
-                )
+        pin = project.pin.for_version(options.version or project.pin.version)
+        wheel = fetch_wheel(
+            pin, project.cache_dir, local=options.wheel, progress=options.progress
+        )
+        base: BaseInfo = materialize_base(wheel, pin, tree, project.cache_dir)
+        upstream = UpstreamInfo(wheel.version, wheel.sha256, pinned=pin.pinned)
         notes.append(f"base from {base.source} ({base.commit[:12]})")
-        # Symlinks can only be judged once the tree exists; still before any patch.
         unsafe = static_problems(series, tree, prefixes)
         if unsafe:
             report = _refused_report(series, unsafe, tree)
             report.upstream = upstream
             return report
-        if upstream.version != project.pin.version and not is_checkout:
-            notes += _borrow_pin_objects(project, git)
+        if upstream.version != project.pin.version:
+            notes += borrow_pin_objects(project, git)
         outcomes = apply_patches(
-            git, series.patches, upstream_version=upstream.version, on_patch=on_patch
+            git,
+            series.patches,
+            upstream_version=upstream.version,
+            exact=upstream.version == project.pin.version,
+            on_patch=on_patch,
         )
         head = git.out("rev-parse", "HEAD")
-        git.run("update-ref", APPLIED_REF, head)
-        record = read_record(git)
-        record["applied"] = [
-            {"name": o.name, "status": str(o.status), "commit": o.commit}
-            for o in outcomes
-        ]
-        record["series"] = series.digest()
-        write_record(git, record)
     return Report(upstream, outcomes, notes=notes, tree=str(tree), head=head)
+
+
+def _finish_apply(runner: Runner) -> None:
+    record_applied(runner, runner.series().digest())
+
+
+def run_apply(
+    project: Project, options: ApplyOptions, on_patch: ProgressHook | None = None
+) -> Report | Outcome:
+    """Build `options.tree` = upstream + one commit per patch.
+
+    Returns a Report for scratch trees, an Outcome (finished or stopped at a
+    conflict) for the user's tree.
+    """
+    series = project.series()
+    tree = options.tree
+    problems = static_problems(series, None, allowed_prefixes(project))
+    if problems:
+        return _refused_report(series, problems, tree)
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    if options.scratch:
+        return _run_scratch(project, options, series, on_patch)
+    store = project.operations
+    previous = store.load()
+    half_built = (
+        previous is not None
+        and previous.kind == "apply"
+        and not previous.stopped
+        and previous.tree == str(tree)
+    )
+    if not half_built:
+        require_idle(store, "apply")
+    with tree_lock(tree, "xpu-series apply"):
+        git = Git(tree)
+        notes: list[str] = []
+        is_checkout = git.is_repo() and not read_record(git).get("sha256")
+        if half_built and git.is_repo():
+            notes += repair(git)
+            notes.append("rebuilt the tree an interrupted apply left half-built")
+            backup = ""
+        elif git.is_repo():
+            notes += save_local_edits(git, options.force)
+            backup = _keep_foreign_head(git, series) if not is_checkout else ""
+        else:
+            backup = ""
+        old_head = git.rev("HEAD") if git.is_repo() else None
+        version = options.version or project.pin.version
+        target: dict = {"version": version}
+        if options.wheel:
+            target["local"] = str(options.wheel.resolve())
+        if is_checkout:
+            target = {"version": "checkout", "checkout": True}
+        op = Operation(kind="apply", tree=str(tree), target=target)
+        runner = Runner(project, op, on_patch, options.progress)
+        if half_built and previous is not None:
+            # Keep what the tree was before the first, interrupted, try (and the
+            # record saved then); only the copy of patches/ is taken anew.
+            op.orig = previous.orig
+            copy_patches(project.patches_dir, store.patches_backup)
+            store.save(op)
+        else:
+            runner.begin()
+        try:
+            runner.prepare()
+        except KeyboardInterrupt:
+            runner.save()
+            raise runner.interrupted() from None
+        unsafe = static_problems(runner.series(), tree, allowed_prefixes(project))
+        if unsafe:
+            project.operations.end()
+            report = _refused_report(series, unsafe, tree)
+            report.upstream = runner.upstream_info()
+            return report
+        runner.notes = notes + runner.notes
+        outcome = resume(runner, _finish_apply)
+        if backup:
+            if git.rev("HEAD") == old_head:
+                git.run("branch", "-D", backup, check=False)
+            else:
+                outcome.report.notes.append(
+                    f"the tree's previous HEAD was not built from the current "
+                    f"patches/: it is kept on branch {backup}"
+                )
+    return outcome
+
+
+def _report_of(result: Report | Outcome) -> Report:
+    return result if isinstance(result, Report) else result.report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_tree(p)
+    add_upstream(p)
+    p.add_argument(
+        "--force",
+        action="store_true",
+        help="reset a tree with local edits (they are stashed or branched, not lost)",
+    )
+    p.add_argument(
+        "--no-link", action="store_true", help="do not point .venv at the tree"
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="after resolving a conflict (edit, git add): finish the apply",
+    )
+    group.add_argument(
+        "--abort",
+        action="store_true",
+        help="undo a stopped or interrupted apply: the tree as it was before",
+    )
+
+
+def render_stop(out: Output, outcome: Outcome, verb: str) -> None:
+    op = outcome.op
+    files = outcome.stopped_files
+    if files:
+        where = f" (conflict markers in {', '.join(files)})"
+        fix = f"fix the markers in {op.tree}"
+    else:
+        where = " (git could not merge it: no common base to merge from)"
+        patch = Path(outcome.op.tree).parent / "operation" / "patches.orig"
+        fix = (
+            f"make its change by hand in {op.tree} (the patch: "
+            f"{patch / op.current})"
+        )
+    out.error(
+        f"{op.current} does not apply on sglang {op.target.get('version')}"
+        f"{where}: {op.current_detail}"
+    )
+    steps = [
+        f"{fix}, 'git -C {op.tree} add' the files, then run "
+        f"'xpu-series {verb} --continue'"
+    ]
+    if verb == "rebase":
+        steps.append(
+            "or drop it with 'xpu-series rebase --skip --reason TEXT' "
+            "(add --upstreamed if upstream has it)"
+        )
+    steps.append(f"or undo everything with 'xpu-series {verb} --abort'")
+    out.err.append("hint: " + "; ".join(steps))
+
+
+def execute(ctx: Context) -> Output:
+    args = ctx.args
+    check_usage(args)
+    project = ctx.project()
+    out = Output()
+    if args.abort:
+        op, notes = abort_operation(project, "apply")
+        out.out += [f"aborted the apply on {op.tree}", *(f"note: {n}" for n in notes)]
+        out.data = {"aborted": True, "tree": op.tree, "notes": notes, "ok": True}
+        return out
+    if args.cont:
+        op = open_operation(project, "apply")
+        runner = Runner(project, op, _progress_hook(ctx))
+        with tree_lock(Path(op.tree), "xpu-series apply --continue"):
+            result: Report | Outcome = resume(runner, _finish_apply)
+        tree = Path(op.tree)
+    else:
+        tree = ctx.tree(project)
+        options = ApplyOptions(
+            tree=tree,
+            version=args.upstream,
+            wheel=ctx.path("wheel"),
+            force=args.force,
+            progress=ctx.progress,
+        )
+        result = run_apply(project, options, on_patch=_progress_hook(ctx))
+    report = _report_of(result)
+    if report.head and tree == project.default_tree and not args.no_link:
+        if link_venv(project, tree):
+            report.notes.append(f"this virtualenv imports sglang from {tree}/python")
+    out.data = report.to_json()
+    out.out.append(render_report(report))
+    problems_hint(out, report.problems, "apply")
+    out.code = report.exit_code
+    if isinstance(result, Outcome) and not result.finished:
+        render_stop(out, result, "apply")
+        out.data["stopped"] = result.op.current
+        out.code = ExitCode.CONFLICT
+    elif args.cont and report.ok:
+        out.err.append(
+            "hint: run 'xpu-series refresh' to write your resolution into patches/"
+        )
+    return out
+
+
+def _progress_hook(ctx: Context) -> ProgressHook:
+    def show(patch, index: int, total: int) -> None:
+        if ctx.progress:
+            ctx.say(f"[{index + 1}/{total}] {patch.name}")
+
+    return show
+
+
+def check_usage(args: argparse.Namespace) -> None:
+    if (args.cont or args.abort) and (args.upstream or args.wheel or args.force):
+        raise UsageError("--continue and --abort take no other options")

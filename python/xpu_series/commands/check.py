@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
+from xpu_series.commands import Context, Output, add_upstream, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.project import Project
-from xpu_series.result import Report
+from xpu_series.result import ExitCode, Report
+from xpu_series.series import format_problems, test_problems
+from xpu_series.ui import render_report
+
+HELP = "dry run: would the series apply? plus static checks"
 
 
 def scratch_tree(project: Project, version: str) -> Path:
@@ -29,4 +35,28 @@ def run_check(
         scratch=True,  # the scratch tree is ours: nothing in it is a user's edit
         progress=progress,
     )
-    return run_apply(project, options)
+    report = run_apply(project, options)
+    assert isinstance(report, Report)  # a scratch tree always gives a report
+    series = project.series()
+    # What apply can live with but a reviewer should not: a series file that
+    # needs normalising, Tests: that name nothing.
+    report.problems += format_problems(series) + test_problems(series, project.root)
+    return report
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_upstream(p)
+
+
+def execute(ctx: Context) -> Output:
+    project = ctx.project()
+    report = run_check(project, ctx.args.upstream, ctx.path("wheel"), ctx.progress)
+    out = Output(data=report.to_json())
+    out.out.append(render_report(report))
+    problems_hint(out, report.problems, "check")
+    out.out.append(
+        "ok: the series applies" if report.ok else "the series does not apply"
+    )
+    # check is a dry run: nothing waits for a human, so a conflict is a plain failure.
+    out.code = ExitCode.OK if report.ok else ExitCode.FAILED
+    return out

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xpu_series.commands import Context, Output
 from xpu_series.commands.check import run_check
 from xpu_series.errors import UsageError
 from xpu_series.project import Project
-from xpu_series.result import Report
+from xpu_series.result import ExitCode, Report
+from xpu_series.ui import table
+
+HELP = "status of every patch on several upstream releases"
 
 
 @dataclass
@@ -30,10 +35,14 @@ class Matrix:
             table.append(row)
         return table
 
+    @property
+    def ok(self) -> bool:
+        return all(r.ok for r in self.reports.values())
+
     def to_json(self) -> dict[str, Any]:
         return {
             "versions": {v: r.to_json() for v, r in self.reports.items()},
-            "ok": all(r.ok for r in self.reports.values()),
+            "ok": self.ok,
         }
 
 
@@ -64,3 +73,26 @@ def run_matrix(
             project, version, by_version.get(version), progress
         )
     return matrix
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("versions", nargs="*", metavar="VERSION", help="e.g. 0.5.20 0.5.23")
+    p.add_argument(
+        "--wheel",
+        action="append",
+        metavar="PATH",
+        help="a local wheel (its version comes from the file name); repeatable",
+    )
+
+
+def execute(ctx: Context) -> Output:
+    project = ctx.project()
+    wheels = [Path(w) for w in ctx.args.wheel or []]
+    matrix = run_matrix(project, ctx.args.versions, wheels, ctx.progress)
+    out = Output(data=matrix.to_json())
+    out.out.append(table(["patch", *matrix.reports], matrix.rows()))
+    for version, report in matrix.reports.items():
+        out.err += [f"error: {version}: {p}" for p in report.problems]
+    # Exit code and "ok" agree: 1 when any release needs work on the series.
+    out.code = ExitCode.OK if matrix.ok else ExitCode.FAILED
+    return out

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xpu_series.commands import Context, Output, add_tree
+from xpu_series.errors import GitError
 from xpu_series.git import Git
 from xpu_series.project import Project
 from xpu_series.tree import APPLIED_REF, UPSTREAM_TAG, read_record
+from xpu_series.ui import table
+
+HELP = "show the pin, the tree, applied patches, local edits"
 
 
 @dataclass
@@ -18,16 +24,20 @@ class TreeStatus:
     pin: dict[str, str]
     tree: str
     exists: bool
-    upstream: dict[str, str] = field(default_factory=dict)
+    upstream: dict[str, Any] = field(default_factory=dict)
     patches: list[dict[str, str]] = field(default_factory=list)
     local_edits: list[str] = field(default_factory=list)
     unexported_commits: list[str] = field(default_factory=list)
     series_changed: bool = False
+    operation: dict[str, Any] = field(default_factory=dict)
+    broken: str = ""
 
     @property
     def ok(self) -> bool:
         return (
             self.exists
+            and not self.operation
+            and not self.broken
             and not self.local_edits
             and not self.unexported_commits
             and not self.series_changed
@@ -44,11 +54,37 @@ class TreeStatus:
             "local_edits": self.local_edits,
             "unexported_commits": self.unexported_commits,
             "series_changed": self.series_changed,
+            "operation": self.operation,
+            "broken": self.broken,
             "ok": self.ok,
         }
 
 
 def run_status(project: Project, tree: Path) -> TreeStatus:
+    """What the tree holds; a tree git cannot read is reported, not raised."""
+    op = project.operations.load()
+    try:
+        status = _status(project, tree)
+    except GitError as exc:
+        status = TreeStatus(
+            pin=_pin(project), tree=str(tree), exists=True, broken=exc.message
+        )
+    if op is not None:
+        status.operation = {
+            "kind": op.kind,
+            "phase": op.phase,
+            "describe": op.describe(),
+            "tree": op.tree,
+        }
+    return status
+
+
+def _pin(project: Project) -> dict[str, str]:
+    pin = project.pin
+    return {"version": pin.version, "wheel": pin.wheel, "sha256": pin.sha256}
+
+
+def _status(project: Project, tree: Path) -> TreeStatus:
     pin = project.pin
     series = project.series()
     status = TreeStatus(
@@ -68,7 +104,7 @@ def run_status(project: Project, tree: Path) -> TreeStatus:
         "version": record.get("version", ""),
         "sha256": record.get("sha256", ""),
         "commit": git.rev(UPSTREAM_TAG) or "",
-        "pinned": str(record.get("sha256") == pin.sha256).lower(),
+        "pinned": record.get("sha256") == pin.sha256,
     }
     log = git.out("log", "--format=%H%x00%s", f"{UPSTREAM_TAG}..HEAD")
     by_subject = {}
@@ -101,3 +137,49 @@ def run_status(project: Project, tree: Path) -> TreeStatus:
         record.get("series") != series.digest()
     )
     return status
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_tree(p)
+
+
+def execute(ctx: Context) -> Output:
+    project = ctx.project()
+    status = run_status(project, ctx.tree(project))
+    out = Output(data=status.to_json())
+    pin = status.pin
+    lines = out.out
+    lines.append(
+        f"pin: sglang {pin['version']} {pin['wheel']} sha256 {pin['sha256'][:12]}"
+    )
+    if status.operation:
+        op = status.operation
+        lines.append(f"in progress: {op['describe']}")
+        lines.append(
+            f"  next: 'xpu-series {op['kind']} --continue' or "
+            f"'xpu-series {op['kind']} --abort'"
+        )
+    if status.broken:
+        lines.append(f"tree: {status.tree} cannot be read: {status.broken}")
+        out.err.append(
+            "hint: run 'xpu-series apply' to rebuild it"
+            if not status.operation
+            else f"hint: run 'xpu-series {status.operation['kind']} --continue' "
+            "or '--abort'"
+        )
+        return out
+    if not status.exists:
+        lines.append(f"tree: {status.tree} (not materialized; run 'xpu-series apply')")
+        return out
+    up = status.upstream
+    lines.append(f"tree: {status.tree} on sglang {up['version']} ({up['commit'][:12]})")
+    rows = [[p["name"], p["status"], p["commit"][:12]] for p in status.patches]
+    lines.append(table(["patch", "status", "commit"], rows))
+    lines += [f"local edit: {line}" for line in status.local_edits]
+    lines += [
+        f"not exported: {line} (run 'xpu-series refresh')"
+        for line in status.unexported_commits
+    ]
+    if status.series_changed:
+        lines.append("patches/ changed since the last apply (run 'xpu-series apply')")
+    return out

@@ -1,0 +1,517 @@
+"""rebase: move the series to a newer upstream release in one transaction.
+
+The new wheel is fetched and hash-recorded, the tree is put on its base, each patch
+is carried with `git am -3 -k` and classified. Only when every patch is carried,
+retired or dropped are the pin, the patch files and `series` rewritten, in one
+swap of the patches/ folder. A conflict stops the rebase (state in
+build/operation/); `--continue`, `--skip` and `--abort` go on from there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import re
+import shutil
+import tomllib
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xpu_series.commands import Context, Output
+from xpu_series.commands.apply import (
+    _keep_foreign_head,
+    _progress_hook,
+    allowed_prefixes,
+    render_stop,
+    save_local_edits,
+)
+from xpu_series.commands.refresh import export_commit
+from xpu_series.engine import ProgressHook
+from xpu_series.errors import SeriesError, UsageError, XpuSeriesError
+from xpu_series.git import Git
+from xpu_series.lock import tree_lock
+from xpu_series.operation import Operation, require_idle, swap_in
+from xpu_series.project import Project
+from xpu_series.result import ExitCode
+from xpu_series.sequencer import (
+    Outcome,
+    Runner,
+    abort_operation,
+    open_operation,
+    record_applied,
+    resume,
+)
+from xpu_series.series import load_series, static_problems
+from xpu_series.ui import render_report, table
+from xpu_series.wheel import fetch_wheel
+
+HELP = "move the series to a newer sglang release (--continue/--skip/--abort)"
+UPSTREAMED = "upstreamed"
+DROPPED = "dropped"
+_REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(.*)$")
+
+
+# -- the write-out ------------------------------------------------------------
+
+
+def set_field(text: str, key: str, value: str) -> str:
+    """The patch text with `key: value` as the last header field (replacing one).
+
+    >>> set_field("Subject: x\\n\\nWhy.\\n\\nConcern: a\\n---\\ndiff\\n",
+    ...           "Applied-Upstream", "0.5.20").splitlines()[4:6]
+    ['Concern: a', 'Applied-Upstream: 0.5.20']
+    """
+    lines = text.splitlines(keepends=True)
+    cut = next((i for i, line in enumerate(lines) if line == "---\n"), len(lines))
+    head = [line for line in lines[:cut] if not line.startswith(f"{key}:")]
+    return "".join([*head, f"{key}: {value}\n", *lines[cut:]])
+
+
+def _rewrite_pin(text: str, old: dict[str, str], new: dict[str, str]) -> str:
+    """upstream.toml with every mention of the old release moved to the new one."""
+    out = []
+    for line in text.splitlines(keepends=True):
+        stripped = line.lstrip()
+        for key in ("version", "wheel", "sha256", "git-tag"):
+            if stripped.startswith(f"{key} =") or stripped.startswith(f"{key}="):
+                line = f'{key} = "{new[key]}"\n'
+        if stripped.startswith("#"):
+            line = line.replace(f"=={old['version']}", f"=={new['version']}")
+            line = line.replace(f"sglang {old['version']}", f"sglang {new['version']}")
+        out.append(line)
+    return "".join(out)
+
+
+def _rewrite_series(text: str, names: list[str], old: str, new: str) -> str:
+    comments = [
+        line.replace(f"sglang {old}", f"sglang {new}")
+        for line in text.splitlines()
+        if line.lstrip().startswith("#")
+    ]
+    return "\n".join([*comments, *names]) + "\n"
+
+
+def build_new_patches(runner: Runner, dest: Path) -> None:
+    """patches/ as the finished rebase leaves it, built complete in `dest`."""
+    op, git, store = runner.op, runner.git, runner.store
+    staging = dest.with_name(f".{dest.name}.partial")
+    if staging.exists():
+        shutil.rmtree(staging)
+    shutil.copytree(store.patches_backup, staging)
+    new_version = op.target["version"]
+    carried: list[str] = []
+    for done in op.done:
+        name = done["name"]
+        path = staging / name
+        if done.get("commit"):
+            path.write_text(export_commit(git, done["commit"]), encoding="utf-8")
+            carried.append(name)
+            continue
+        where = (
+            DROPPED
+            if done["status"] == "skipped" and not done.get(UPSTREAMED)
+            else UPSTREAMED
+        )
+        text = path.read_text(encoding="utf-8")
+        if where == UPSTREAMED:
+            text = set_field(text, "Applied-Upstream", new_version)
+        else:
+            text = set_field(text, "Dropped", f"{new_version}: {done.get('reason')}")
+        (staging / where).mkdir(exist_ok=True)
+        (staging / where / name).write_text(text, encoding="utf-8")
+        path.unlink()
+    old = op.target["from"]
+    new = {
+        "version": new_version,
+        "wheel": op.target["wheel"],
+        "sha256": op.target["sha256"],
+        "git-tag": f"v{new_version}",
+    }
+    pin_file = staging / "upstream.toml"
+    pin_file.write_text(_rewrite_pin(pin_file.read_text(), old, new))
+    series_file = staging / "series"
+    series_file.write_text(
+        _rewrite_series(series_file.read_text(), carried, old["version"], new_version)
+    )
+    if dest.exists():
+        shutil.rmtree(dest)
+    os.replace(staging, dest)
+
+
+def _finish_rebase(runner: Runner) -> None:
+    """Write pin, patches and series in one swap (redone safely if interrupted)."""
+    project, store = runner.project, runner.store
+    runner.save("write")
+    patches = project.patches_dir
+    new = store.dir / "patches.new"
+    if not patches.exists() and new.exists():
+        os.replace(new, patches)  # killed between the two renames of swap_in
+    else:
+        build_new_patches(runner, new)
+        swap_in(new, patches, store.dir / "patches.replaced")
+    record_applied(runner, load_series(patches).digest())
+
+
+# -- dependency drift ---------------------------------------------------------
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def requires_dist(wheel: Path) -> dict[str, str]:
+    """name -> specifier of a wheel's unconditional Requires-Dist lines."""
+    with zipfile.ZipFile(wheel) as archive:
+        meta = next(
+            (n for n in archive.namelist() if n.endswith(".dist-info/METADATA")), None
+        )
+        text = archive.read(meta).decode("utf-8", "replace") if meta else ""
+    reqs: dict[str, str] = {}
+    for line in text.splitlines():
+        if not line.startswith("Requires-Dist:"):
+            continue
+        value = line.split(":", 1)[1].strip()
+        if ";" in value and "extra" in value.split(";", 1)[1]:
+            continue
+        match = _REQ.match(value.split(";", 1)[0].strip())
+        if match:
+            spec = match.group(3).strip().strip("()")
+            reqs[_norm(match.group(1))] = spec
+    return reqs
+
+
+def pinned_test_env(pyproject: Path) -> dict[str, str]:
+    """name -> version that pyproject.toml pins with `==` for the test environment."""
+    try:
+        data = tomllib.loads(pyproject.read_text(encoding="utf-8"))
+    except (OSError, tomllib.TOMLDecodeError):
+        return {}
+    entries = list(data.get("project", {}).get("optional-dependencies", {}).get(
+        "test", []))  # fmt: skip
+    entries += data.get("tool", {}).get("xpu-series", {}).get("no-deps", [])
+    pins: dict[str, str] = {}
+    for entry in entries:
+        name, sep, version = entry.partition("==")
+        if sep:
+            pins[_norm(name.strip())] = version.strip()
+    return pins
+
+
+def _satisfies(version: str, spec: str) -> bool | None:
+    try:
+        from packaging.specifiers import InvalidSpecifier, SpecifierSet
+        from packaging.version import InvalidVersion
+    except ImportError:  # pragma: no cover - packaging ships with pip's users
+        return None
+    try:
+        return SpecifierSet(spec).contains(version, prereleases=True)
+    except (InvalidSpecifier, InvalidVersion):
+        return None
+
+
+@dataclass
+class DriftRow:
+    """One requirement that differs between the old and the new release."""
+
+    name: str
+    old: str
+    new: str
+    pinned: str
+    action: str
+
+    def to_json(self) -> dict[str, str]:
+        return self.__dict__.copy()
+
+
+def dependency_drift(old: Path, new: Path, pyproject: Path) -> list[DriftRow]:
+    before, after = requires_dist(old), requires_dist(new)
+    pins = pinned_test_env(pyproject)
+    rows = []
+    for name in sorted(set(before) | set(after)):
+        if before.get(name) == after.get(name):
+            continue
+        spec = after.get(name)
+        pinned = pins.get(name, "")
+        if spec is None:
+            action = "no longer required" + (
+                f": the test environment may drop {name}" if pinned else ""
+            )
+        elif not pinned:
+            action = "not in the test environment"
+        elif _satisfies(pinned, spec) is False:
+            action = f"change pyproject.toml: {name}=={pinned} does not satisfy {spec}"
+        else:
+            action = "the pinned version still satisfies it"
+        rows.append(DriftRow(name, before.get(name, "-"), spec or "-", pinned, action))
+    return rows
+
+
+# -- the verb -----------------------------------------------------------------
+
+
+@dataclass
+class RebaseResult:
+    """A finished or stopped rebase, with what it changed in patches/."""
+
+    outcome: Outcome
+    old: dict[str, str]
+    retired: list[dict[str, Any]] = field(default_factory=list)
+    drift: list[DriftRow] = field(default_factory=list)
+    drift_note: str = ""
+    report_file: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        op = self.outcome.op
+        return {
+            "finished": self.outcome.finished,
+            "from": self.old,
+            "onto": {k: op.target.get(k, "") for k in ("version", "wheel", "sha256")},
+            "stopped_at": op.current if not self.outcome.finished else "",
+            "patches": [p.to_json() for p in self.outcome.report.patches],
+            "retired": self.retired,
+            "dependency_drift": [row.to_json() for row in self.drift],
+            "dependency_drift_note": self.drift_note,
+            "report": self.report_file,
+            "ok": self.outcome.finished,
+        }
+
+
+def _retired(project: Project, op: Operation) -> list[dict[str, Any]]:
+    out = []
+    for done in op.done:
+        if done.get("commit"):
+            continue
+        where = UPSTREAMED if done["status"] == "absorbed" or done.get(
+            UPSTREAMED) else DROPPED  # fmt: skip
+        path = project.patches_dir / where / done["name"]
+        tests = []
+        if path.is_file():
+            from xpu_series.header import parse_header
+
+            tests = parse_header(path.read_text(encoding="utf-8")).tests
+        out.append(
+            {
+                "name": done["name"],
+                "status": done["status"],
+                "moved_to": f"patches/{where}/{done['name']}",
+                "reason": done.get("detail") or done.get("reason", ""),
+                "tests": tests,
+            }
+        )
+    return out
+
+
+def _result(project: Project, outcome: Outcome) -> RebaseResult:
+    op = outcome.op
+    result = RebaseResult(outcome, dict(op.target.get("from", {})))
+    if not outcome.finished:
+        return result
+    result.retired = _retired(project, op)
+    try:
+        old_pin = dataclasses.replace(
+            project.pin,
+            version=result.old["version"],
+            sha256=result.old["sha256"],
+            wheel=result.old["wheel"],
+        )
+        old_wheel = fetch_wheel(old_pin, project.cache_dir, offline=True)
+        new_wheel = (
+            project.cache_dir / "wheels" / op.target["sha256"] / (op.target["wheel"])
+        )
+        result.drift = dependency_drift(
+            old_wheel.path, new_wheel, project.root / "pyproject.toml"
+        )
+    except (XpuSeriesError, OSError, zipfile.BadZipFile, KeyError) as exc:
+        result.drift_note = f"dependency drift not computed: {exc}"
+    reports = project.build_dir / "reports"
+    reports.mkdir(parents=True, exist_ok=True)
+    path = reports / f"rebase-{result.old['version']}-to-{op.target['version']}.json"
+    result.report_file = str(path)
+    path.write_text(json.dumps(result.to_json(), indent=2, sort_keys=True) + "\n")
+    return result
+
+
+def run_rebase(
+    project: Project,
+    onto: str,
+    wheel: Path | None = None,
+    on_patch: ProgressHook | None = None,
+    progress: bool = False,
+) -> RebaseResult:
+    """Start a rebase of the series (as in patches/) onto sglang `onto`."""
+    require_idle(project.operations, "rebase")
+    pin = project.pin
+    if onto == pin.version:
+        raise UsageError(
+            f"the series is already on sglang {onto}",
+            hint="name a newer release: --onto VERSION",
+        )
+    series = project.series()
+    problems = static_problems(series, None, allowed_prefixes(project))
+    if problems:
+        raise SeriesError(
+            "patches/ has problems, nothing was changed: " + "; ".join(problems),
+            hint="fix them first ('xpu-series check' lists every problem)",
+        )
+    tree = project.default_tree
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    with tree_lock(tree, f"xpu-series rebase --onto {onto}"):
+        git = Git(tree)
+        notes: list[str] = []
+        if git.is_repo():
+            notes += save_local_edits(git, force=False)
+            backup = _keep_foreign_head(git, series)
+            if backup:
+                notes.append(f"the tree's previous HEAD is kept on branch {backup}")
+        target: dict[str, Any] = {
+            "version": onto,
+            "from": {
+                "version": pin.version,
+                "wheel": pin.wheel,
+                "sha256": pin.sha256,
+                "git-tag": pin.git_tag,
+            },
+        }
+        if wheel:
+            target["local"] = str(wheel.resolve())
+        op = Operation(kind="rebase", tree=str(tree), target=target)
+        runner = Runner(project, op, on_patch, progress)
+        runner.begin()
+        runner.notes = notes
+        outcome = resume(runner, _finish_rebase)
+    return _result(project, outcome)
+
+
+def continue_rebase(
+    project: Project, on_patch: ProgressHook | None = None
+) -> RebaseResult:
+    op = open_operation(project, "rebase")
+    runner = Runner(project, op, on_patch)
+    with tree_lock(Path(op.tree), "xpu-series rebase --continue"):
+        outcome = resume(runner, _finish_rebase)
+    return _result(project, outcome)
+
+
+def skip_patch(
+    project: Project,
+    reason: str,
+    upstreamed: bool,
+    on_patch: ProgressHook | None = None,
+) -> RebaseResult:
+    """Drop the patch the rebase stopped at, with the reason, and go on."""
+    op = open_operation(project, "rebase")
+    if not reason.strip():
+        raise UsageError(
+            f"say why {op.current or 'the patch'} is dropped",
+            hint="add --reason TEXT (and --upstreamed if upstream has the change)",
+        )
+    runner = Runner(project, op, on_patch)
+    with tree_lock(Path(op.tree), "xpu-series rebase --skip"):
+        runner.skip_current(
+            {"reason": reason.strip(), UPSTREAMED: upstreamed, "detail": reason}
+        )
+        outcome = resume(runner, _finish_rebase)
+    return _result(project, outcome)
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--onto", metavar="VERSION", help="the sglang release to move to")
+    p.add_argument(
+        "--wheel", metavar="PATH", help="use this local wheel of that release"
+    )
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help="after resolving a conflict (edit, git add): go on",
+    )
+    group.add_argument(
+        "--skip",
+        action="store_true",
+        help="drop the patch the rebase stopped at (needs --reason)",
+    )
+    group.add_argument(
+        "--abort",
+        action="store_true",
+        help="undo the rebase: pin, series, patch files and tree as before",
+    )
+    p.add_argument("--reason", default="", help="why --skip drops the patch")
+    p.add_argument(
+        "--upstreamed",
+        action="store_true",
+        help="with --skip: upstream has the change (patches/upstreamed/)",
+    )
+
+
+def _render(out: Output, result: RebaseResult) -> None:
+    outcome = result.outcome
+    op = outcome.op
+    onto = op.target.get("version")
+    out.data = result.to_json()
+    out.out.append(render_report(outcome.report))
+    if not outcome.finished:
+        render_stop(out, outcome, "rebase")
+        out.code = ExitCode.CONFLICT
+        return
+    out.out.append("")
+    out.out.append(
+        f"rebased onto sglang {onto}: patches/upstream.toml, series and "
+        f"patch files rewritten (sha256 {op.target.get('sha256', '')[:12]})"
+    )
+    for r in result.retired:
+        tests = f"; its tests: {', '.join(r['tests'])}" if r["tests"] else ""
+        out.out.append(f"retired {r['name']} -> {r['moved_to']} ({r['reason']}){tests}")
+    if result.drift:
+        out.out.append("")
+        out.out.append(
+            f"dependency drift {result.old.get('version')} -> {onto} "
+            "(Requires-Dist vs the test environment in pyproject.toml):"
+        )
+        rows = [[d.name, d.old, d.new, d.pinned or "-", d.action] for d in result.drift]
+        out.out.append(table(["package", "old", "new", "pinned", "action"], rows))
+    if result.drift_note:
+        out.out.append(f"note: {result.drift_note}")
+    if result.report_file:
+        out.out.append(f"report: {result.report_file}")
+    out.err.append(
+        "hint: run 'xpu-series verify' to prove every carried patch on the new base"
+    )
+
+
+def execute(ctx: Context) -> Output:
+    args = ctx.args
+    project = ctx.project()
+    out = Output()
+    resuming = args.cont or args.skip or args.abort
+    if resuming and (args.onto or args.wheel):
+        raise UsageError("--continue, --skip and --abort take no --onto or --wheel")
+    if (args.reason or args.upstreamed) and not args.skip:
+        raise UsageError("--reason and --upstreamed go with --skip")
+    hook = _progress_hook(ctx)
+    if args.abort:
+        op, notes = abort_operation(project, "rebase")
+        out.out.append(
+            f"aborted the rebase onto sglang {op.target.get('version')}: the pin, "
+            f"series, patch files and {op.tree} are as they were"
+        )
+        out.out += [f"note: {n}" for n in notes]
+        out.data = {"aborted": True, "notes": notes, "ok": True}
+        return out
+    if args.cont:
+        result = continue_rebase(project, hook)
+    elif args.skip:
+        result = skip_patch(project, args.reason, args.upstreamed, hook)
+    else:
+        if not args.onto:
+            raise UsageError(
+                "rebase needs --onto VERSION (or --continue, --skip, --abort)",
+                hint="e.g. 'xpu-series rebase --onto 0.5.20'",
+            )
+        result = run_rebase(project, args.onto, ctx.path("wheel"), hook, ctx.progress)
+    _render(out, result)
+    return out

@@ -1,0 +1,502 @@
+"""The operation runner behind `apply` and `rebase`: patches carried one at a time
+onto a base, the state saved after every step, so a conflict or an interrupt stops
+the operation and never the user's work (stgit's transaction, git's rebase-apply)."""
+
+from __future__ import annotations
+
+import shutil
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from xpu_series import engine
+from xpu_series.engine import (
+    ProgressHook,
+    _abort_am,
+    _am_in_progress,
+    classify_patch,
+    declared_absorbed,
+    files_with_markers,
+    stop_with_markers,
+    unmerged_paths,
+)
+from xpu_series.errors import Interrupted, TreeError, UsageError, XpuSeriesError
+from xpu_series.git import Git
+from xpu_series.lock import tree_lock
+from xpu_series.operation import (
+    ORIG_HEAD_REF,
+    ORIG_UPSTREAM_REF,
+    Operation,
+    copy_patches,
+    snapshot,
+    swap_in,
+)
+from xpu_series.project import Project
+from xpu_series.result import PatchOutcome, PatchStatus, Report, UpstreamInfo
+from xpu_series.series import Patch, Series, load_series
+from xpu_series.tree import (
+    APPLIED_REF,
+    PIN_BASE_REF,
+    UPSTREAM_TAG,
+    checkout_base,
+    ensure_base_cache,
+    materialize_base,
+    partial_trees,
+    read_record,
+    repair,
+    write_record,
+)
+from xpu_series.wheel import fetch_wheel
+
+FinishHook = Callable[["Runner"], None]
+
+
+@dataclass
+class Outcome:
+    """Where an operation run ended: finished, or stopped for a human."""
+
+    op: Operation
+    report: Report
+    finished: bool
+    stopped_files: list[str] = field(default_factory=list)
+
+
+def _outcome_json(done: dict) -> PatchOutcome:
+    return PatchOutcome(
+        name=done["name"],
+        status=PatchStatus(done["status"])
+        if done["status"] in PatchStatus.__members__.values()
+        else PatchStatus.SKIPPED,
+        concern=done.get("concern", ""),
+        files=tuple(done.get("files", ())),
+        detail=done.get("detail", ""),
+        commit=done.get("commit", ""),
+    )
+
+
+def borrow_pin_objects(project: Project, git: Git) -> list[str]:
+    """Make the pinned base's blobs available so `git am -3` can merge patches
+    made against it onto another upstream. Best effort: only from the cache."""
+    pin = project.pin
+    try:
+        wheel = fetch_wheel(pin, project.cache_dir, offline=True)
+    except XpuSeriesError:  # it only costs the 3-way fallback
+        wheel = None
+    if wheel is None:
+        return ["the pinned wheel is not cached: no 3-way merge fallback"]
+    cache_repo, _built = ensure_base_cache(wheel, pin, project.cache_dir)
+    git.run("fetch", "-q", str(cache_repo), f"+refs/tags/{UPSTREAM_TAG}:{PIN_BASE_REF}")
+    return []
+
+
+class Runner:
+    """One apply or rebase, from its state on disk."""
+
+    def __init__(
+        self,
+        project: Project,
+        op: Operation,
+        on_patch: ProgressHook | None = None,
+        progress: bool = False,
+    ) -> None:
+        self.project = project
+        self.store = project.operations
+        self.op = op
+        self.git = Git(Path(op.tree))
+        self.on_patch = on_patch
+        self.progress = progress
+        self.notes: list[str] = []
+        self.upstream: UpstreamInfo | None = None
+
+    # -- state ---------------------------------------------------------------
+
+    def save(self, phase: str | None = None) -> None:
+        if phase:
+            self.op.phase = phase
+        self.store.save(self.op)
+
+    def series(self) -> Series:
+        """The patches as they were when the operation began (its own copy)."""
+        return load_series(self.store.patches_backup)
+
+    def patch(self, name: str) -> Patch:
+        return next(p for p in self.series().patches if p.name == name)
+
+    # -- steps ---------------------------------------------------------------
+
+    def begin(self) -> None:
+        """Record the tree as it is, so --abort can put it back byte for byte."""
+        git = self.git
+        existed = git.is_repo()
+        orig = {"existed": existed, "head": "", "branch": "", "upstream": ""}
+        if existed:
+            orig["head"] = git.rev("HEAD") or ""
+            branch = git.run("symbolic-ref", "-q", "--short", "HEAD", check=False)
+            orig["branch"] = branch.stdout.strip()
+            orig["upstream"] = git.rev(UPSTREAM_TAG) or ""
+            orig["applied_ref"] = git.rev(APPLIED_REF) or ""
+            for ref, sha in ((ORIG_HEAD_REF, orig["head"]),
+                             (ORIG_UPSTREAM_REF, orig["upstream"])):  # fmt: skip
+                if sha:
+                    git.run("update-ref", ref, sha)
+        self.op.orig = orig
+        self.store.begin(self.op, git if existed else None)
+
+    def prepare(self) -> None:
+        """Fetch the target and put the tree at its base (phases fetch, base)."""
+        op, project = self.op, self.project
+        tree = Path(op.tree)
+        if op.target.get("checkout"):
+            self.save("base")
+            base = checkout_base(tree)
+            self.upstream = UpstreamInfo(base.version, "", pinned=False,
+                                         source="checkout")  # fmt: skip
+        else:
+            self.save("fetch")
+            version = op.target["version"]
+            pin = project.pin.for_version(version)
+            local = op.target.get("local")
+            try:
+                wheel = fetch_wheel(
+                    pin,
+                    project.cache_dir,
+                    local=Path(local) if local else None,
+                    progress=self.progress,
+                    sha256=op.target.get("sha256") or None,
+                )
+            except XpuSeriesError:
+                # Nothing has changed yet: a missing release or a bad wheel
+                # ends the operation instead of leaving one to abort.
+                self.abort()
+                self.store.end()
+                raise
+            op.target.update(sha256=wheel.sha256, wheel=wheel.path.name)
+            self.save("base")
+            base = materialize_base(wheel, pin, tree, project.cache_dir)
+            self.upstream = UpstreamInfo(wheel.version, wheel.sha256,
+                                         pinned=pin.pinned)  # fmt: skip
+            if not pin.pinned:
+                self.notes.append(
+                    f"{pin.wheel} is not the pin; its sha256 {wheel.sha256} was "
+                    "recorded, not checked"
+                )
+            if version != project.pin.version:
+                self.notes += borrow_pin_objects(project, self.git)
+        self.notes.append(f"base from {base.source} ({base.commit[:12]})")
+        op.last_good = base.commit
+        op.todo = [p.name for p in self.series().patches]
+        op.done = []
+        self.save("patches")
+
+    def upstream_info(self) -> UpstreamInfo:
+        if self.upstream is None:
+            t = self.op.target
+            self.upstream = UpstreamInfo(
+                t.get("version", ""), t.get("sha256", ""),
+                pinned=t.get("sha256") == self.project.pin.sha256,
+            )  # fmt: skip
+        return self.upstream
+
+    def carry(self) -> Outcome:
+        """Commit what is left to do; stop at the first patch that needs a human."""
+        op, git = self.op, self.git
+        version = op.target.get("version")
+        exact = version == self.project.pin.version
+        total = len(op.done) + len(op.todo)
+        try:
+            while op.todo:
+                patch = self.patch(op.todo[0])
+                if self.on_patch:
+                    self.on_patch(patch, len(op.done), total)
+                status, detail = engine.commit_patch(git, patch, exact=exact)
+                if status in (PatchStatus.CONFLICT, PatchStatus.PARTIAL):
+                    claim = declared_absorbed(patch, version)
+                    if claim:
+                        status, detail = PatchStatus.ABSORBED, claim
+                if not status.ok:
+                    return self._stop(patch, status, detail)
+                commit = ""
+                if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
+                    commit = git.out("rev-parse", "HEAD")
+                    op.last_good = commit
+                op.done.append(self._done(patch, status, detail, commit))
+                op.todo.pop(0)
+                self.save()
+        except KeyboardInterrupt:
+            _abort_am(git)
+            git.run("reset", "-q", "--hard", op.last_good, check=False)
+            self.save()
+            raise self.interrupted() from None
+        return Outcome(op, self.report(), finished=True)
+
+    def _done(
+        self, patch: Patch, status: PatchStatus, detail: str, commit: str
+    ) -> dict:
+        return {
+            "name": patch.name,
+            "status": str(status),
+            "detail": detail,
+            "commit": commit,
+            "concern": patch.concern,
+            "files": list(patch.files),
+        }
+
+    def _stop(self, patch: Patch, status: PatchStatus, detail: str) -> Outcome:
+        """Report the rest (classified on the last good state), then leave the
+        failed patch in progress with conflict markers for the human."""
+        rest: list[PatchOutcome] = []
+        failed_files = set(patch.files)
+        for name in self.op.todo[1:]:
+            other = self.patch(name)
+            base = dict(name=name, concern=other.concern, files=other.files)
+            if failed_files.intersection(other.files):
+                rest.append(PatchOutcome(**base, status=PatchStatus.SKIPPED,
+                            detail=f"touches a file of {patch.name}"))  # fmt: skip
+                continue
+            rest.append(PatchOutcome(**base, status=classify_patch(self.git, other),
+                        detail=f"checked only: stopped at {patch.name}"))  # fmt: skip
+        files = stop_with_markers(self.git, patch)
+        self.op.current = patch.name
+        self.op.current_detail = f"{status}: {detail}"
+        self.save("stopped")
+        report = self.report(rest)
+        return Outcome(self.op, report, finished=False, stopped_files=files)
+
+    def report(self, rest: list[PatchOutcome] | None = None) -> Report:
+        op = self.op
+        outcomes = [_outcome_json(d) for d in op.done]
+        if op.stopped:
+            current = self.patch(op.current)
+            status, _, detail = op.current_detail.partition(": ")
+            outcomes.append(
+                PatchOutcome(
+                    current.name,
+                    PatchStatus(status),
+                    current.concern,
+                    current.files,
+                    detail,
+                )  # fmt: skip
+            )
+            if rest is None:
+                rest = [
+                    PatchOutcome(n, PatchStatus.SKIPPED, detail="not tried yet")
+                    for n in op.todo[1:]
+                ]
+            outcomes += rest
+        return Report(
+            self.upstream_info(),
+            outcomes,
+            notes=list(self.notes),
+            tree=op.tree,
+            head=self.git.rev("HEAD") or "",
+        )
+
+    def interrupted(self) -> Interrupted:
+        kind = self.op.kind
+        again = (
+            " (a plain 'xpu-series apply' rebuilds it too)" if kind == "apply" else ""
+        )
+        return Interrupted(
+            f"interrupted: the {kind} stopped during {self.op.phase}; "
+            f"its state is in {self.store.dir}",
+            hint=f"run 'xpu-series {kind} --continue' to finish it{again}, or "
+            f"'xpu-series {kind} --abort' to undo it",
+        )
+
+    # -- resume --------------------------------------------------------------
+
+    def resolve_current(self) -> None:
+        """Commit the human's resolution of the stopped patch, or refuse."""
+        op, git = self.op, self.git
+        patch = self.patch(op.current)
+        unmerged = unmerged_paths(git)
+        marked = files_with_markers(git, sorted({*patch.files, *unmerged}))
+        if unmerged or marked:
+            raise TreeError(
+                f"{op.current} is not resolved yet: "
+                + "; ".join(
+                    part
+                    for part in (
+                        f"unmerged: {', '.join(unmerged)}" if unmerged else "",
+                        f"conflict markers in {', '.join(marked)}" if marked else "",
+                    )
+                    if part
+                ),
+                hint=f"edit the files in {op.tree}, 'git -C {op.tree} add' them, "
+                f"then run 'xpu-series {op.kind} --continue'",
+            )
+        head = git.rev("HEAD")
+        if _am_in_progress(git):
+            result = git.run("am", "--continue", check=False)
+            if not result.ok:
+                text = (result.stdout + result.stderr).strip().splitlines()
+                if any("No changes" in line for line in text):
+                    raise TreeError(
+                        f"nothing is staged for {op.current}: its change is not "
+                        f"in the index of {op.tree}",
+                        hint=f"make the change, 'git -C {op.tree} add' it, then run "
+                        f"'xpu-series {op.kind} --continue'",
+                    )
+                raise TreeError(
+                    f"git am --continue failed for {op.current}: "
+                    f"{text[-1] if text else 'no output'}",
+                    hint=f"'git -C {op.tree} add' the resolved files; if upstream "
+                    f"already has this change, run 'xpu-series {op.kind} --skip'",
+                )
+        new_head = git.rev("HEAD")
+        if new_head == head or new_head == op.last_good:
+            raise TreeError(
+                f"{op.current} was not committed in {op.tree}",
+                hint=f"apply its change there and 'git add' it, then run "
+                f"'xpu-series {op.kind} --continue' (or --skip to drop it)",
+            )
+        op.done.append(
+            self._done(patch, PatchStatus.MERGED, "resolved by hand", new_head or "")
+        )
+        op.last_good = new_head or op.last_good
+        op.todo.pop(0)
+        op.current = op.current_detail = ""
+        self.save("patches")
+
+    def skip_current(self, record: dict) -> None:
+        op, git = self.op, self.git
+        if not op.stopped:
+            raise UsageError(
+                f"nothing to skip: the {op.kind} is not stopped at a patch",
+                hint=f"run 'xpu-series {op.kind} --continue'",
+            )
+        _abort_am(git)
+        git.run("reset", "-q", "--hard", op.last_good)
+        patch = self.patch(op.current)
+        done = self._done(patch, PatchStatus.SKIPPED, record.get("reason", ""), "")
+        done.update(record)
+        op.done.append(done)
+        op.todo.pop(0)
+        op.current = op.current_detail = ""
+        self.save("patches")
+
+    def reset_to_last_good(self) -> None:
+        """After an interrupt in phase patches: drop the half-made patch."""
+        repair(self.git)
+        self.git.run("reset", "-q", "--hard", self.op.last_good)
+
+    # -- abort ---------------------------------------------------------------
+
+    def abort(self) -> list[str]:
+        """Put the tree and patches/ back as they were when the operation began."""
+        op, git, store = self.op, self.git, self.store
+        notes: list[str] = []
+        tree = Path(op.tree)
+        if op.orig.get("existed"):
+            if git.is_repo():
+                repair(git)
+            orig = op.orig
+            if orig.get("upstream"):
+                git.run("update-ref", f"refs/tags/{UPSTREAM_TAG}", orig["upstream"])
+            if orig.get("head"):
+                if orig.get("branch"):
+                    git.run("checkout", "-q", "-f", "-B", orig["branch"], orig["head"])
+                else:
+                    git.run("checkout", "-q", "-f", "--detach", orig["head"])
+                git.run("reset", "-q", "--hard", orig["head"])
+            if orig.get("applied_ref"):
+                git.run("update-ref", APPLIED_REF, orig["applied_ref"])
+            else:
+                git.run("update-ref", "-d", APPLIED_REF, check=False)
+            store.restore_record(git)
+            for ref in (ORIG_HEAD_REF, ORIG_UPSTREAM_REF):
+                git.run("update-ref", "-d", ref, check=False)
+        else:
+            for path in [tree, *partial_trees(tree)]:
+                if path.exists():
+                    shutil.rmtree(path)
+            notes.append(f"removed {tree}, which the {op.kind} had created")
+        notes += self.restore_patches()
+        return notes
+
+    def restore_patches(self) -> list[str]:
+        """patches/ byte for byte as at the start; anything the user changed there
+        meanwhile is kept aside, never lost."""
+        store, patches = self.store, self.project.patches_dir
+        backup = store.patches_backup
+        if snapshot(patches) == snapshot(backup):
+            return []
+        notes = []
+        if patches.exists() and self.op.phase != "write":
+            keep = self.project.build_dir / (
+                f"aborted-{self.op.kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+            )
+            copy_patches(patches, keep / "patches")
+            notes.append(f"your edits to patches/ were kept in {keep / 'patches'}")
+        staging = store.dir / "patches.restore"
+        copy_patches(backup, staging)
+        swap_in(staging, patches, store.dir / "patches.replaced")
+        notes.append("patches/ restored byte for byte")
+        return notes
+
+
+def open_operation(project: Project, kind: str) -> Operation:
+    """The operation `--continue`, `--skip` or `--abort` of `kind` works on."""
+    op = project.operations.load()
+    if op is None:
+        raise UsageError(
+            f"no {kind} is in progress",
+            hint=f"start one with 'xpu-series {kind}'"
+            + (" --onto VERSION" if kind == "rebase" else ""),
+        )
+    if op.kind != kind:
+        raise UsageError(
+            f"the operation in progress is an {op.describe()}, not a {kind}",
+            hint=f"use 'xpu-series {op.kind} --continue' or "
+            f"'xpu-series {op.kind} --abort'",
+        )
+    return op
+
+
+def abort_operation(project: Project, kind: str) -> tuple[Operation, list[str]]:
+    op = open_operation(project, kind)
+    runner = Runner(project, op)
+    with tree_lock(Path(op.tree), f"xpu-series {kind} --abort"):
+        notes = runner.abort()
+        project.operations.end()
+    return op, notes
+
+
+def resume(runner: Runner, finish: FinishHook) -> Outcome:
+    """Go on from the saved state: redo an interrupted step, carry the rest."""
+    op = runner.op
+    try:
+        if op.phase in ("start", "fetch", "base"):
+            if op.orig.get("existed") and runner.git.is_repo():
+                repair(runner.git)
+            runner.prepare()
+        elif op.phase == "stopped":
+            runner.resolve_current()
+        elif op.phase == "patches":
+            runner.reset_to_last_good()
+        if op.phase != "write":
+            outcome = runner.carry()
+            if not outcome.finished:
+                return outcome
+        finish(runner)
+    except KeyboardInterrupt:
+        runner.save()
+        raise runner.interrupted() from None
+    runner.store.end()
+    return Outcome(op, runner.report(), finished=True)
+
+
+def record_applied(runner: Runner, series_digest: str) -> None:
+    """The tree's bookkeeping after a finished operation."""
+    git = runner.git
+    record = read_record(git)
+    record["applied"] = [
+        {"name": d["name"], "status": d["status"], "commit": d.get("commit", "")}
+        for d in runner.op.done
+    ]
+    record["series"] = series_digest
+    write_record(git, record)
+    git.run("update-ref", APPLIED_REF, "HEAD")
+    for ref in (ORIG_HEAD_REF, ORIG_UPSTREAM_REF):
+        git.run("update-ref", "-d", ref, check=False)
