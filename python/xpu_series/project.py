@@ -58,6 +58,10 @@ def find_project(start: Path | None = None) -> Project:
     for candidate in (here, *here.parents):
         if (candidate / "patches" / "upstream.toml").is_file():
             return Project(candidate)
+        # A rebase killed while swapping patches/ in: --continue or --abort
+        # must still find the project to put it back.
+        if (candidate / "build" / "operation" / "state.json").is_file():
+            return Project(candidate)
     raise UsageError(
         f"no patches/upstream.toml in {here} or any parent folder",
         hint="run xpu-series inside an sglang-xpu checkout or pass -C <project>",

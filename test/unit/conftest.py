@@ -25,7 +25,12 @@ BASE_FILES = {
 }
 
 
-def build_wheel(path: Path, files: dict[str, str], version: str = "0.0.1") -> str:
+def build_wheel(
+    path: Path,
+    files: dict[str, str],
+    version: str = "0.0.1",
+    requires: tuple[str, ...] = (),
+) -> str:
     """Write a wheel-shaped zip; returns its sha256."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w", zipfile.ZIP_DEFLATED) as zf:
@@ -35,6 +40,16 @@ def build_wheel(path: Path, files: dict[str, str], version: str = "0.0.1") -> st
             info.external_attr = (0o100000 | mode) << 16
             zf.writestr(info, text)
         zf.writestr(f"sglang-{version}.dist-info/RECORD", "")
+        zf.writestr(
+            f"sglang-{version}.dist-info/WHEEL",
+            "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: false\n"
+            "Tag: cp311-cp311-manylinux_2_34_x86_64\n",
+        )
+        meta = "".join(f"Requires-Dist: {r}\n" for r in requires)
+        zf.writestr(
+            f"sglang-{version}.dist-info/METADATA",
+            f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n{meta}",
+        )
     path.write_bytes(buf.getvalue())
     return hashlib.sha256(buf.getvalue()).hexdigest()
 

@@ -315,10 +315,7 @@ def render_stop(out: Output, outcome: Outcome, verb: str) -> None:
     else:
         where = " (git could not merge it: no common base to merge from)"
         patch = Path(outcome.op.tree).parent / "operation" / "patches.orig"
-        fix = (
-            f"make its change by hand in {op.tree} (the patch: "
-            f"{patch / op.current})"
-        )
+        fix = f"make its change by hand in {op.tree} (the patch: {patch / op.current})"
     out.error(
         f"{op.current} does not apply on sglang {op.target.get('version')}"
         f"{where}: {op.current_detail}"

@@ -119,8 +119,10 @@ def run_range_diff(
                 side = Project(root, build_root=project.build_dir)
             sides[label] = _materialize(side, label)
     old_git, new_git = sides["old"], sides["new"]
-    new_git.run("fetch", "-q", str(old_git.repo),
-                "+HEAD:refs/range-diff/old", f"+refs/tags/{UPSTREAM_TAG}:refs/range-diff/old-base")  # fmt: skip
+    new_git.run(
+        "fetch", "-q", str(old_git.repo), "+HEAD:refs/range-diff/old",
+        f"+refs/tags/{UPSTREAM_TAG}:refs/range-diff/old-base",
+    )  # fmt: skip
     result = new_git.run(
         "range-diff", "--no-color", "refs/range-diff/old-base..refs/range-diff/old",
         f"{UPSTREAM_TAG}..HEAD",

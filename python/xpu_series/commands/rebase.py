@@ -72,18 +72,25 @@ def set_field(text: str, key: str, value: str) -> str:
 
 
 def _rewrite_pin(text: str, old: dict[str, str], new: dict[str, str]) -> str:
-    """upstream.toml with every mention of the old release moved to the new one."""
-    out = []
+    """upstream.toml with every mention of the old release moved to the new one
+    (a key the old pin lacked, such as git-tag, is added after sha256)."""
+    out: list[str] = []
+    seen: set[str] = set()
     for line in text.splitlines(keepends=True):
         stripped = line.lstrip()
-        for key in ("version", "wheel", "sha256", "git-tag"):
-            if stripped.startswith(f"{key} =") or stripped.startswith(f"{key}="):
+        for key in new:
+            if re.match(rf"{re.escape(key)}\s*=", stripped):
                 line = f'{key} = "{new[key]}"\n'
+                seen.add(key)
         if stripped.startswith("#"):
             line = line.replace(f"=={old['version']}", f"=={new['version']}")
             line = line.replace(f"sglang {old['version']}", f"sglang {new['version']}")
         out.append(line)
-    return "".join(out)
+    missing = [f'{key} = "{new[key]}"\n' for key in new if key not in seen]
+    at = next(
+        (i + 1 for i, line in enumerate(out) if line.startswith("sha256")), len(out)
+    )
+    return "".join(out[:at] + missing + out[at:])
 
 
 def _rewrite_series(text: str, names: list[str], old: str, new: str) -> str:

@@ -275,7 +275,7 @@ def run_verify(
                 result.errors.append(
                     f"{name}: the run at prefix {at} ({_prefix_name(names, at)}) "
                     f"produced no outcome for {', '.join(spec)}; "
-                    f"pytest said:\n{result.logs.get(f'prefix-{at}', '').strip()[-1500:]}"
+                    f"pytest said:\n{_tail(result.logs.get(f'prefix-{at}', ''))}"
                 )
             result.proofs.append(PatchProof(name, spec, without, with_patch, "error"))
             continue
@@ -283,6 +283,10 @@ def run_verify(
             PatchProof(name, spec, without, with_patch, judge(without, with_patch))
         )
     return result
+
+
+def _tail(log: str) -> str:
+    return log.strip()[-1500:] or "(nothing)"
 
 
 def _prefix_name(names: list[str], k: int) -> str:

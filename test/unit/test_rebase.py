@@ -1,0 +1,304 @@
+"""rebase: one transaction onto a newer release; a conflict or an interrupt stops the
+rebase, never the user's work; --continue, --skip and --abort follow their hints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+from conftest import BASE_FILES, Project, build_wheel, git, wheel_name
+
+from xpu_series.operation import snapshot
+
+
+def newer(tmp_path: Path, version: str = "0.0.2", **changes: str | None) -> Path:
+    """A synthetic upstream release: BASE_FILES with srt/<name>.py changed
+    (None removes the file)."""
+    files = dict(BASE_FILES)
+    for name, text in changes.items():
+        key = f"sglang/srt/{name.replace('__', '/')}.py"
+        if text is None:
+            files.pop(key)
+        else:
+            files[key] = text
+    path = tmp_path / "wheels" / wheel_name(version)
+    path.parent.mkdir(exist_ok=True)
+    build_wheel(path, files, version=version, requires=("torch==2.14.1",))
+    return path
+
+
+def state(project: Project) -> dict[str, object]:
+    """Everything --abort must restore byte for byte."""
+    tree = project.tree
+    return {
+        "patches": snapshot(project.patches),
+        "head": git(tree, "rev-parse", "HEAD"),
+        "upstream": git(tree, "rev-parse", "upstream"),
+        "branch": git(tree, "symbolic-ref", "--short", "HEAD"),
+        "record": (tree / ".git/xpu-series.json").read_bytes(),
+        "status": git(tree, "status", "--porcelain"),
+    }
+
+
+@pytest.fixture
+def absorbed_first(three_patches: Project, tmp_path: Path) -> Path:
+    """0.0.2 already has 0001's change; the others apply."""
+    (three_patches.root / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n[project.optional-dependencies]\n'
+        'test = ["torch==2.13.0"]\n'
+    )
+    return newer(tmp_path, flags="VALUE = 2\nNAME = 'upstream'\n")
+
+
+def test_rebase_retires_absorbed_and_rewrites_the_pin(
+    three_patches: Project, absorbed_first: Path
+) -> None:
+    result = three_patches.run(
+        "rebase", "--onto", "0.0.2", "--wheel", str(absorbed_first), "--json"
+    )
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert data["finished"] is True
+    assert [p["status"] for p in data["patches"]] == ["absorbed", "applied", "applied"]
+    pin = (three_patches.patches / "upstream.toml").read_text()
+    assert 'version = "0.0.2"' in pin and data["onto"]["sha256"] in pin
+    assert wheel_name("0.0.2") in pin and 'git-tag = "v0.0.2"' in pin
+    series = (three_patches.patches / "series").read_text().splitlines()
+    assert series[1:] == ["0002-fix-the-answer.patch", "0003-raise-the-limit.patch"]
+    retired = three_patches.patches / "upstreamed" / "0001-raise-value.patch"
+    assert "Applied-Upstream: 0.0.2\n" in retired.read_text()
+    assert not (three_patches.patches / "0001-raise-value.patch").exists()
+    (drift,) = data["dependency_drift"]
+    assert drift["name"] == "torch" and drift["pinned"] == "2.13.0"
+    assert "change pyproject.toml" in drift["action"]
+    assert Path(data["report"]).is_file()
+    assert "xpu-series verify" in result.err
+    # The tree is the new series, and a check on the new pin agrees.
+    assert git(three_patches.tree, "log", "--format=%s", "upstream..").splitlines() == [
+        "[XPU] Raise the limit",
+        "[XPU] Fix the answer",
+    ]
+    assert three_patches.run("check").code == 0
+    assert three_patches.run("refresh", "--check").code == 0
+
+
+def _conflicting_release(tmp_path: Path) -> Path:
+    # Upstream changed the very line 0002 changes: a real 3-way conflict.
+    return newer(tmp_path, other="def answer():\n    return 40\n")
+
+
+def test_conflict_stops_with_markers_and_abort_restores_byte_for_byte(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    wheel = _conflicting_release(tmp_path)
+    before = state(three_patches)
+    result = three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel))
+    assert result.code == 3
+    assert "0002-fix-the-answer.patch does not apply on sglang 0.0.2" in result.err
+    assert "conflict markers in python/sglang/srt/other.py" in result.err
+    for step in ("rebase --continue", "rebase --skip", "rebase --abort", "git -C"):
+        assert step in result.err
+    assert "<<<<<<<" in (three_patches.tree / "python/sglang/srt/other.py").read_text()
+    # Nothing of the user's was written while stopped.
+    assert snapshot(three_patches.patches) == before["patches"]
+    # Other verbs refuse and point at the operation.
+    for verb in (("apply",), ("refresh",), ("rebase", "--onto", "0.0.3")):
+        refused = three_patches.run(*verb)
+        assert refused.code == 1 and "rebase --abort" in refused.err, verb
+    status = three_patches.run("status")
+    assert "in progress: rebase onto sglang 0.0.2 stopped at 0002" in status.out
+    refused = three_patches.run("rebase", "--continue")
+    assert refused.code == 1 and "conflict markers" in refused.err
+    aborted = three_patches.run("rebase", "--abort")
+    assert aborted.code == 0, aborted.err
+    assert state(three_patches) == before
+    assert not (three_patches.root / "build" / "operation").exists()
+
+
+def test_continue_after_resolving_finishes_and_keeps_the_names(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    wheel = _conflicting_release(tmp_path)
+    assert (
+        three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 3
+    )
+    other = three_patches.tree / "python/sglang/srt/other.py"
+    other.write_text("def answer():\n    return 42\n")
+    git(three_patches.tree, "add", "-A")
+    result = three_patches.run("rebase", "--continue", "--json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert [p["status"] for p in data["patches"]] == ["applied", "merged", "applied"]
+    names = sorted(p.name for p in three_patches.patches.glob("*.patch"))
+    assert names == [
+        "0001-raise-value.patch",
+        "0002-fix-the-answer.patch",
+        "0003-raise-the-limit.patch",
+    ]
+    text = (three_patches.patches / "0002-fix-the-answer.patch").read_text()
+    assert "Subject: [XPU] Fix the answer" in text, "am -k keeps the [XPU] prefix"
+    assert "-    return 40" in text
+    assert three_patches.run("check").code == 0
+
+
+def test_skip_asks_why_and_keeps_the_patch_in_dropped(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    wheel = _conflicting_release(tmp_path)
+    assert (
+        three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 3
+    )
+    no_reason = three_patches.run("rebase", "--skip")
+    assert no_reason.code == 2 and "--reason" in no_reason.err
+    result = three_patches.run(
+        "rebase", "--skip", "--reason", "upstream reworked the answer", "--json"
+    )
+    assert result.code == 0, result.err
+    dropped = three_patches.patches / "dropped" / "0002-fix-the-answer.patch"
+    assert "Dropped: 0.0.2: upstream reworked the answer" in dropped.read_text()
+    series = (three_patches.patches / "series").read_text()
+    assert "0002" not in series and "0003-raise-the-limit.patch" in series
+
+
+def test_upstream_rename_is_followed_and_reported(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    wheel = newer(tmp_path, third=None, limits="LIMIT = 10\n")
+    result = three_patches.run(
+        "rebase", "--onto", "0.0.2", "--wheel", str(wheel), "--json"
+    )
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    third = data["patches"][2]
+    assert third["status"] == "merged"
+    assert "followed rename python/sglang/srt/third.py -> " in third["detail"]
+    assert "limits.py" in third["detail"]
+    text = (three_patches.patches / "0003-raise-the-limit.patch").read_text()
+    assert "python/sglang/srt/limits.py" in text and "third.py" not in text
+
+
+def test_bad_input_is_refused_with_a_clear_message(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    for verb in ("--continue", "--skip", "--abort"):
+        result = three_patches.run("rebase", verb, "--reason", "x")
+        if verb != "--skip":
+            result = three_patches.run("rebase", verb)
+        assert result.code == 2 and "no rebase is in progress" in result.err
+    assert three_patches.run("rebase").code == 2
+    same = three_patches.run("rebase", "--onto", "0.0.1")
+    assert same.code == 2 and "already on sglang 0.0.1" in same.err
+    not_sglang = tmp_path / "wheels" / wheel_name("0.0.2")
+    not_sglang.parent.mkdir()
+    build_wheel(not_sglang, {"other/__init__.py": ""}, version="0.0.2")
+    before = snapshot(three_patches.patches)
+    result = three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(not_sglang))
+    assert result.code == 4 and "is not an sglang wheel" in result.err
+    assert snapshot(three_patches.patches) == before
+    assert not (three_patches.root / "build" / "operation").exists()
+
+
+def test_a_release_that_does_not_exist_names_the_newest(
+    three_patches: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = tmp_path / "index"
+    index.mkdir()
+    for version in ("0.0.1", "0.0.2"):
+        build_wheel(index / wheel_name(version), BASE_FILES, version=version)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    result = three_patches.run("rebase", "--onto", "0.0.9")
+    assert result.code == 1
+    assert "sglang 0.0.9 does not exist on the package index" in result.err
+    assert "the newest release is 0.0.2" in result.err
+    assert not (three_patches.root / "build" / "operation").exists()
+    # The same index serves a release that exists: rebase fetches it itself.
+    result = three_patches.run("rebase", "--onto", "0.0.2")
+    assert result.code == 0, result.err
+
+
+# -- interrupts: a real SIGINT (or SIGKILL) delivered to a child at each phase --
+
+_CHILD = """
+import os, signal, sys
+from xpu_series import cli, engine, operation, sequencer
+where, sig = sys.argv[1], getattr(signal, sys.argv[2])
+def hit():
+    os.kill(os.getpid(), sig)
+if where.startswith("patch"):
+    k, calls, real = int(where[5:]), [], engine.commit_patch
+    def commit(*a, **kw):
+        calls.append(1)
+        out = real(*a, **kw)
+        if len(calls) == k:
+            hit()
+        return out
+    engine.commit_patch = commit
+elif where == "write":
+    import xpu_series.commands.rebase as rebase
+    def swap(new, target, old):
+        os.replace(target, old)  # the first of the two renames, then death
+        hit()
+    rebase.swap_in = swap
+else:
+    real_save = sequencer.Runner.save
+    def save(self, phase=None):
+        real_save(self, phase)
+        if phase == where:
+            hit()
+    sequencer.Runner.save = save
+sys.exit(cli.main(sys.argv[3:]))
+"""
+
+
+def _child(project: Project, where: str, sig: str, *args: str) -> int:
+    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2] / "python"))
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_CHILD), where, sig,
+         "-C", str(project.root), *args],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    return proc.returncode
+
+
+@pytest.mark.parametrize(
+    ("where", "sig"),
+    [
+        ("fetch", "SIGINT"),
+        ("base", "SIGINT"),
+        ("patch1", "SIGINT"),
+        ("patch2", "SIGKILL"),
+        ("write", "SIGKILL"),
+    ],
+)
+def test_interrupt_at_each_phase_can_be_aborted_or_continued(
+    three_patches: Project, absorbed_first: Path, where: str, sig: str
+) -> None:
+    before = state(three_patches)
+    code = _child(
+        three_patches, where, sig, "rebase", "--onto", "0.0.2",
+        "--wheel", str(absorbed_first),
+    )  # fmt: skip
+    assert code != 0
+    assert (three_patches.root / "build/operation/state.json").exists()
+    # --abort restores everything byte for byte...
+    aborted = three_patches.run("rebase", "--abort")
+    assert aborted.code == 0, aborted.err
+    assert state(three_patches) == before
+    # ...and after the same interrupt again, --continue finishes the rebase.
+    _child(
+        three_patches, where, sig, "rebase", "--onto", "0.0.2",
+        "--wheel", str(absorbed_first),
+    )  # fmt: skip
+    done = three_patches.run("rebase", "--continue", "--json")
+    assert done.code == 0, done.err
+    assert 'version = "0.0.2"' in (three_patches.patches / "upstream.toml").read_text()
+    assert (three_patches.patches / "upstreamed" / "0001-raise-value.patch").exists()
+    assert git(three_patches.tree, "status", "--porcelain") == ""
+    assert three_patches.run("refresh", "--check").code == 0
