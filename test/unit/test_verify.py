@@ -83,3 +83,46 @@ def test_missing_test_file_is_named(verified: Project) -> None:
     result = verified.run("verify")
     assert result.code == 1
     assert "names tests that do not exist: test/test_value.py" in result.err
+
+
+def test_a_run_with_no_outcomes_is_an_error_not_a_verdict(verified: Project) -> None:
+    # The test kills its own interpreter at prefix 1 (without the patch): pytest
+    # writes no outcomes at all, which must never read as "nothing failed".
+    crash = _write_test(
+        verified,
+        "test_crash.py",
+        "import os\nfrom sglang.srt.flags import NAME\n\n"
+        "def test_crash():\n    if NAME == 'upstream':\n        os._exit(3)\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2\nNAME = 'crash'\n",
+        "[XPU] Crash without it",
+        Tests=crash,
+    )
+    result = verified.run("verify", "2", "--json")
+    data = json.loads(result.out)
+    assert result.code == 1
+    (proof,) = data["patches"]
+    assert proof["verdict"] == "error"
+    assert "produced no outcome" in data["errors"][0]
+    assert "prefix 1" in data["errors"][0]
+
+
+def test_verify_proves_a_subset_and_labels_import_errors(verified: Project) -> None:
+    importing = _write_test(
+        verified,
+        "test_import.py",
+        "from sglang.srt.newmod import X\n\ndef test_x():\n    assert X == 1\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/newmod.py", "X = 1\n", "[XPU] New module", Tests=importing
+    )
+    result = verified.run("verify", "0002", "--json")
+    data = json.loads(result.out)
+    assert result.code == 0, result.out
+    (proof,) = data["patches"]
+    assert proof["name"].startswith("0002") and proof["verdict"] == "proven"
+    assert proof["only_errors"] is True and proof["without"]["errors"] == 1
+    assert "by errors only" in verified.run("verify", "0002").out
+    assert verified.run("verify", "0009").code == 2

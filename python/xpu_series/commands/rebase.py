@@ -234,6 +234,11 @@ class DriftRow:
         return self.__dict__.copy()
 
 
+def _shown(spec: str | None) -> str:
+    """A requirement for the table: '-' when absent, 'any' when unversioned."""
+    return "-" if spec is None else spec or "any"
+
+
 def dependency_drift(old: Path, new: Path, pyproject: Path) -> list[DriftRow]:
     before, after = requires_dist(old), requires_dist(new)
     pins = pinned_test_env(pyproject)
@@ -249,11 +254,17 @@ def dependency_drift(old: Path, new: Path, pyproject: Path) -> list[DriftRow]:
             )
         elif not pinned:
             action = "not in the test environment"
-        elif _satisfies(pinned, spec) is False:
-            action = f"change pyproject.toml: {name}=={pinned} does not satisfy {spec}"
         else:
-            action = "the pinned version still satisfies it"
-        rows.append(DriftRow(name, before.get(name, "-"), spec or "-", pinned, action))
+            fits = _satisfies(pinned, spec)
+            action = {
+                False: f"change pyproject.toml: {name}=={pinned} does not satisfy "
+                f"{spec}",
+                True: "the pinned version still satisfies it",
+                None: f"compare {name}=={pinned} with {spec} by hand",
+            }[fits]
+        rows.append(
+            DriftRow(name, _shown(before.get(name)), _shown(spec), pinned, action)
+        )
     return rows
 
 

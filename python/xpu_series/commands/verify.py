@@ -195,6 +195,7 @@ def select(names: list[str], wanted: list[str]) -> list[int]:
             i
             for i, name in enumerate(names, start=1)
             if word in (name, name.removesuffix(".patch"), name[:4])
+            or (word.isdigit() and name[:4].isdigit() and int(word) == int(name[:4]))
         ]
         if not hits:
             raise UsageError(
