@@ -99,7 +99,10 @@ def test_interrupted_apply_is_repaired_by_its_hint(
     result = three_patches.run("apply")
     assert result.code == 0, result.err
     assert git(three_patches.tree, "status", "--porcelain") == ""
-    assert len(git(three_patches.tree, "log", "--format=%s", "upstream..").split("\n")) == 3
+    assert (
+        len(git(three_patches.tree, "log", "--format=%s", "upstream..").split("\n"))
+        == 3
+    )
     leftovers = list(three_patches.tree.parent.glob(".sglang.partial-*"))
     assert leftovers == []
 
@@ -121,8 +124,8 @@ def test_junk_wheel_never_replaces_a_good_cached_one(
     build_wheel(good, BASE_FILES, version="0.0.2")
     first = three_patches.run("fetch", "--upstream", "0.0.2", "--wheel", str(good))
     assert first.code == 0
-    cached = Path(json.loads(
-        three_patches.run("fetch", "--upstream", "0.0.2", "--json").out)["path"])  # fmt: skip
+    fetched = three_patches.run("fetch", "--upstream", "0.0.2", "--json")
+    cached = Path(json.loads(fetched.out)["path"])
     kept = cached.read_bytes()
     junk = tmp_path / "junk" / wheel_name("0.0.2")
     junk.parent.mkdir()
@@ -137,9 +140,7 @@ def test_junk_wheel_never_replaces_a_good_cached_one(
 
 
 def _unshare_works() -> bool:
-    probe = subprocess.run(
-        ["unshare", "-rm", "true"], capture_output=True, check=False
-    )
+    probe = subprocess.run(["unshare", "-rm", "true"], capture_output=True, check=False)
     return probe.returncode == 0
 
 
@@ -180,8 +181,9 @@ def test_patch_naming_a_missing_file_is_not_merged_on_the_pin(
     assert result.code == 1
     third = json.loads(result.out)["patches"][2]
     assert third["status"] == "conflict"
-    assert "python/sglang/srt/no_such_file.py -> python/sglang/srt/third.py" in (
-        third["detail"]
+    assert (
+        "python/sglang/srt/no_such_file.py -> python/sglang/srt/third.py"
+        in (third["detail"])
     )
 
 
@@ -241,7 +243,9 @@ def test_series_with_crlf_and_trailing_blanks_is_normalised_and_reported(
     """Item 8."""
     series = three_patches.patches / "series"
     clean = series.read_bytes()
-    series.write_bytes(clean.replace(b"\n", b"\r\n").replace(b".patch\r", b".patch  \r"))
+    series.write_bytes(
+        clean.replace(b"\n", b"\r\n").replace(b".patch\r", b".patch  \r")
+    )
     assert three_patches.run("apply").code == 0  # read as if clean
     check = three_patches.run("check")
     assert check.code == 1 and "ends in CRLF" in check.err

@@ -26,12 +26,14 @@ VALID_PATCH = (
 SETTINGS = settings(
     max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow]
 )
+
+
 def near_valid(text: str) -> st.SearchStrategy[str]:
     """The valid text with a slice replaced, deleted or duplicated."""
     n = len(text)
-    return st.tuples(
-        st.integers(0, n), st.integers(0, n), st.text(max_size=40)
-    ).map(lambda t: text[: min(t[0], t[1])] + t[2] + text[max(t[0], t[1]) :])
+    return st.tuples(st.integers(0, n), st.integers(0, n), st.text(max_size=40)).map(
+        lambda t: text[: min(t[0], t[1])] + t[2] + text[max(t[0], t[1]) :]
+    )
 
 
 def _loads(directory: Path) -> None:
@@ -74,8 +76,9 @@ def test_series_and_patch_files_end_in_our_error(series: bytes, patch: bytes) ->
 @given(
     st.one_of(
         st.text(max_size=80),
-        st.lists(st.sampled_from(["..", ".", "python", "sglang", "/", "~", "a b"]))
-        .map("/".join),
+        st.lists(st.sampled_from(["..", ".", "python", "sglang", "/", "~", "a b"])).map(
+            "/".join
+        ),
     )
 )
 def test_path_checks_return_a_reason_or_none(path: str) -> None:

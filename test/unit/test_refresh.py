@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 from conftest import Project, git
 
 from xpu_series.header import parse_header
@@ -65,3 +67,49 @@ def test_refresh_refuses_uncommitted_edits(three_patches: Project) -> None:
     result = three_patches.run("refresh")
     assert result.code == 1
     assert "uncommitted edits" in result.err and "hint:" in result.err
+
+
+def test_range_diff_names_the_changed_patch_and_file(three_patches: Project) -> None:
+    root = three_patches.root
+    git(root, "init", "-q")
+    git(root, "add", "patches")
+    git(root, "commit", "-q", "-m", "series")
+    tree = three_patches.tree
+    (tree / "python/sglang/srt/third.py").write_text("LIMIT = 30\n")
+    git(tree, "commit", "-q", "-a", "--amend", "--no-edit")
+    assert three_patches.run("refresh").code == 0
+    result = three_patches.run("range-diff", "--json")
+    assert result.code == 0, result.err
+    changes = {c["subject"]: c for c in json.loads(result.out)["patches"]}
+    assert changes["[XPU] Raise the limit"]["change"] == "changed"
+    assert changes["[XPU] Raise the limit"]["files"] == ["python/sglang/srt/third.py"]
+    assert changes["[XPU] Raise VALUE"]["change"] == "unchanged"
+    text = three_patches.run("range-diff").out
+    assert "changed" in text and "srt/third.py" in text
+    bad = three_patches.run("range-diff", "no-such-rev")
+    assert bad.code == 2 and "is not a revision" in bad.err
+
+
+def test_refresh_never_deletes_patches_the_tree_lacks(three_patches: Project) -> None:
+    before = _snapshot(three_patches)
+    git(three_patches.tree, "reset", "-q", "--hard", "HEAD~2")
+    result = three_patches.run("refresh")
+    assert result.code == 1 and "--prune" in result.err
+    assert _snapshot(three_patches) == before
+    # A reworded subject keeps its file name: identity is the series position.
+    git(three_patches.tree, "reset", "-q", "--hard", "refs/xpu-series/applied")
+    git(three_patches.tree, "commit", "-q", "--amend", "-m",
+        "[XPU] Raise the limit further\n\nWhy.\n\nUpstream-Status: Pending\n"
+        "Concern: device-gates\n")  # fmt: skip
+    assert three_patches.run("refresh").code == 0
+    assert sorted(p.name for p in three_patches.patches.glob("*.patch")) == sorted(
+        n for n in before if n.endswith(".patch")
+    )
+    assert (
+        "further" in (three_patches.patches / "0003-raise-the-limit.patch").read_text()
+    )
+    check = three_patches.run("refresh", "--check")
+    assert check.code == 0
+    (three_patches.patches / "0001-raise-value.patch").write_text("hand edit\n")
+    check = three_patches.run("refresh", "--check")
+    assert check.code == 1 and "0001-raise-value.patch differs" in check.err

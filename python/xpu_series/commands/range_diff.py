@@ -124,7 +124,8 @@ def run_range_diff(
         f"+refs/tags/{UPSTREAM_TAG}:refs/range-diff/old-base",
     )  # fmt: skip
     result = new_git.run(
-        "range-diff", "--no-color", "refs/range-diff/old-base..refs/range-diff/old",
+        "range-diff", "--no-color", "--creation-factor=100",
+        "refs/range-diff/old-base..refs/range-diff/old",
         f"{UPSTREAM_TAG}..HEAD",
     )  # fmt: skip
     return RangeDiff(old, new or WORKTREE, summarize(result.stdout), result.stdout)

@@ -176,6 +176,8 @@ def execute(ctx: Context) -> Output:
     rows = [[p["name"], p["status"], p["commit"][:12]] for p in status.patches]
     lines.append(table(["patch", "status", "commit"], rows))
     lines += [f"local edit: {line}" for line in status.local_edits]
+    if status.operation:
+        return out  # the tree is mid-operation: only --continue/--abort apply
     lines += [
         f"not exported: {line} (run 'xpu-series refresh')"
         for line in status.unexported_commits
