@@ -66,8 +66,8 @@ def by_hand(onto: str) -> float:
         subprocess.run([*git, "-C", str(tree), "fetch", "-q", str(old_base),
                         "+refs/tags/upstream:refs/old"], check=True)  # fmt: skip
         for patch in patches:
-            done = subprocess.run([*git, "-C", str(tree), "am", "-q", "-3", "-k", patch],
-                                  capture_output=True)  # fmt: skip
+            am = [*git, "-C", str(tree), "am", "-q", "-3", "-k", patch]
+            done = subprocess.run(am, capture_output=True)
             if done.returncode:
                 subprocess.run([*git, "-C", str(tree), "am", "--abort"],
                                capture_output=True)  # fmt: skip
