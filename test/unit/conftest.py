@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import hashlib
 import io
+import os
 import subprocess
+import sys
 import zipfile
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,6 +82,19 @@ def git(cwd: Path, *args: str) -> str:
 def cached_wheel(root: Path, version: str, sha: str) -> Path:
     """Where the content-addressed cache keeps a verified wheel."""
     return root / "build/cache/wheels" / sha / wheel_name(version)
+
+
+def interrupt(
+    project: Project, where: str, *args: str, sig: str = "SIGINT"
+) -> subprocess.CompletedProcess[str]:
+    """The CLI in a child that signals itself at `where` (see interrupter.py)."""
+    here = Path(__file__).parent
+    env = dict(os.environ, PYTHONPATH=str(here.parents[1] / "python"))
+    return subprocess.run(
+        [sys.executable, str(here / "interrupter.py"), where, sig,
+         "-C", str(project.root), *args],
+        env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
 
 
 @dataclass

@@ -5,62 +5,17 @@ silent renames, reports that agree with their exit codes)."""
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import BASE_FILES, Project, build_wheel, git, wheel_name
+from conftest import BASE_FILES, Project, build_wheel, git, interrupt, wheel_name
 
 from xpu_series.operation import snapshot
 
 PYTHON = Path(__file__).parents[2] / "python"
-
-# A child that delivers a real SIGINT to itself when the apply reaches `where`:
-# a phase name (the state was just saved), "checkout" (inside the base build,
-# after the clone and before the rename), or "patchK".
-_CHILD = """
-import os, signal, sys
-from xpu_series import cli, engine, sequencer, tree
-where = sys.argv[1]
-def hit():
-    os.kill(os.getpid(), signal.SIGINT)
-if where == "checkout":
-    real = tree._configure
-    def configure(git):
-        real(git)
-        hit()
-    tree._configure = configure
-elif where.startswith("patch"):
-    k, calls, real_commit = int(where[5:]), [], engine.commit_patch
-    def commit(*a, **kw):
-        calls.append(1)
-        out = real_commit(*a, **kw)
-        if len(calls) == k:
-            hit()
-        return out
-    engine.commit_patch = commit
-else:
-    real_save = sequencer.Runner.save
-    def save(self, phase=None):
-        real_save(self, phase)
-        if phase == where:
-            hit()
-    sequencer.Runner.save = save
-sys.exit(cli.main(sys.argv[2:]))
-"""
-
-
-def child(project: Project, where: str, *args: str) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=str(PYTHON))
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_CHILD), where,
-         "-C", str(project.root), *args],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
 
 
 def hint_of(stderr: str) -> str:
@@ -83,7 +38,7 @@ def test_interrupted_apply_is_repaired_by_its_hint(
     """Item 1: Ctrl-C while apply builds the tree; the hint, followed, ends well."""
     if fresh:
         shutil.rmtree(three_patches.tree)
-    proc = child(three_patches, where, "apply")
+    proc = interrupt(three_patches, where, "apply")
     assert proc.returncode != 0
     if where == "checkout" and fresh:
         # Built beside and never renamed in: no half tree at the final path.
@@ -108,7 +63,7 @@ def test_interrupted_apply_is_repaired_by_its_hint(
 
 
 def test_interrupted_apply_continue_hint_finishes(three_patches: Project) -> None:
-    proc = child(three_patches, "patch2", "apply")
+    proc = interrupt(three_patches, "patch2", "apply")
     assert proc.returncode != 0
     result = three_patches.run(*hint_of(proc.stderr).split()[1:])
     assert result.code == 0, result.err

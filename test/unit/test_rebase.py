@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
-from conftest import BASE_FILES, Project, build_wheel, git, wheel_name
+from conftest import BASE_FILES, Project, build_wheel, git, interrupt, wheel_name
 
 from xpu_series.operation import snapshot
 
@@ -225,47 +222,6 @@ def test_a_release_that_does_not_exist_names_the_newest(
 
 # -- interrupts: a real SIGINT (or SIGKILL) delivered to a child at each phase --
 
-_CHILD = """
-import os, signal, sys
-from xpu_series import cli, engine, operation, sequencer
-where, sig = sys.argv[1], getattr(signal, sys.argv[2])
-def hit():
-    os.kill(os.getpid(), sig)
-if where.startswith("patch"):
-    k, calls, real = int(where[5:]), [], engine.commit_patch
-    def commit(*a, **kw):
-        calls.append(1)
-        out = real(*a, **kw)
-        if len(calls) == k:
-            hit()
-        return out
-    engine.commit_patch = commit
-elif where == "write":
-    import xpu_series.commands.rebase as rebase
-    def swap(new, target, old):
-        os.replace(target, old)  # the first of the two renames, then death
-        hit()
-    rebase.swap_in = swap
-else:
-    real_save = sequencer.Runner.save
-    def save(self, phase=None):
-        real_save(self, phase)
-        if phase == where:
-            hit()
-    sequencer.Runner.save = save
-sys.exit(cli.main(sys.argv[3:]))
-"""
-
-
-def _child(project: Project, where: str, sig: str, *args: str) -> int:
-    env = dict(os.environ, PYTHONPATH=str(Path(__file__).parents[2] / "python"))
-    proc = subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(_CHILD), where, sig,
-         "-C", str(project.root), *args],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
-    return proc.returncode
-
 
 @pytest.mark.parametrize(
     ("where", "sig"),
@@ -281,21 +237,15 @@ def test_interrupt_at_each_phase_can_be_aborted_or_continued(
     three_patches: Project, absorbed_first: Path, where: str, sig: str
 ) -> None:
     before = state(three_patches)
-    code = _child(
-        three_patches, where, sig, "rebase", "--onto", "0.0.2",
-        "--wheel", str(absorbed_first),
-    )  # fmt: skip
-    assert code != 0
+    args = ("rebase", "--onto", "0.0.2", "--wheel", str(absorbed_first))
+    assert interrupt(three_patches, where, *args, sig=sig).returncode != 0
     assert (three_patches.root / "build/operation/state.json").exists()
     # --abort restores everything byte for byte...
     aborted = three_patches.run("rebase", "--abort")
     assert aborted.code == 0, aborted.err
     assert state(three_patches) == before
     # ...and after the same interrupt again, --continue finishes the rebase.
-    _child(
-        three_patches, where, sig, "rebase", "--onto", "0.0.2",
-        "--wheel", str(absorbed_first),
-    )  # fmt: skip
+    interrupt(three_patches, where, *args, sig=sig)
     done = three_patches.run("rebase", "--continue", "--json")
     assert done.code == 0, done.err
     assert 'version = "0.0.2"' in (three_patches.patches / "upstream.toml").read_text()

@@ -86,6 +86,28 @@ def add_tree(p: argparse.ArgumentParser) -> None:
     )
 
 
+def add_operation_flags(p: argparse.ArgumentParser, verb: str, skip: bool) -> None:
+    """--continue / [--skip] / --abort of an operation that can stop (apply, rebase)."""
+    group = p.add_mutually_exclusive_group()
+    group.add_argument(
+        "--continue",
+        dest="cont",
+        action="store_true",
+        help=f"after resolving a conflict (edit, git add): finish the {verb}",
+    )
+    if skip:
+        group.add_argument(
+            "--skip",
+            action="store_true",
+            help=f"drop the patch the {verb} stopped at (needs --reason)",
+        )
+    group.add_argument(
+        "--abort",
+        action="store_true",
+        help=f"undo a stopped or interrupted {verb}: everything as it was before",
+    )
+
+
 def problems_hint(out: Output, problems: list[str], verb: str) -> None:
     """Each static problem as an error, and a next step that is not this verb."""
     for problem in problems:

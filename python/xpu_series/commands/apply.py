@@ -14,7 +14,14 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpu_series.commands import Context, Output, add_tree, add_upstream, problems_hint
+from xpu_series.commands import (
+    Context,
+    Output,
+    add_operation_flags,
+    add_tree,
+    add_upstream,
+    problems_hint,
+)
 from xpu_series.engine import ProgressHook, apply_patches
 from xpu_series.errors import TreeError, UsageError
 from xpu_series.git import Git
@@ -292,18 +299,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-link", action="store_true", help="do not point .venv at the tree"
     )
-    group = p.add_mutually_exclusive_group()
-    group.add_argument(
-        "--continue",
-        dest="cont",
-        action="store_true",
-        help="after resolving a conflict (edit, git add): finish the apply",
-    )
-    group.add_argument(
-        "--abort",
-        action="store_true",
-        help="undo a stopped or interrupted apply: the tree as it was before",
-    )
+    add_operation_flags(p, "apply", skip=False)
 
 
 def render_stop(out: Output, outcome: Outcome, verb: str) -> None:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_series.commands import Context, Output
+from xpu_series.commands import Context, Output, add_operation_flags
 from xpu_series.commands.apply import (
     _keep_foreign_head,
     _progress_hook,
@@ -441,23 +441,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--wheel", metavar="PATH", help="use this local wheel of that release"
     )
-    group = p.add_mutually_exclusive_group()
-    group.add_argument(
-        "--continue",
-        dest="cont",
-        action="store_true",
-        help="after resolving a conflict (edit, git add): go on",
-    )
-    group.add_argument(
-        "--skip",
-        action="store_true",
-        help="drop the patch the rebase stopped at (needs --reason)",
-    )
-    group.add_argument(
-        "--abort",
-        action="store_true",
-        help="undo the rebase: pin, series, patch files and tree as before",
-    )
+    add_operation_flags(p, "rebase", skip=True)
     p.add_argument("--reason", default="", help="why --skip drops the patch")
     p.add_argument(
         "--upstreamed",

@@ -1,0 +1,63 @@
+"""Run the CLI in a child that delivers a real signal to itself at one point of an
+apply or rebase: `python interrupter.py WHERE SIGNAL -C PROJECT VERB ...`.
+
+WHERE is a phase name (the state was just saved with that phase), `checkout`
+(a new tree is cloned, not yet renamed in), `patchK` (right after the k-th patch
+was committed, before the state says so) or `write` (between the two renames that
+swap the new patches/ in).
+"""
+
+import os
+import signal
+import sys
+
+from xpu_series import cli, engine, sequencer, tree
+from xpu_series.commands import rebase
+
+
+def arm(where: str, sig: int) -> None:
+    """Patch the one function that stands at `where` so it signals this process."""
+
+    def hit() -> None:
+        os.kill(os.getpid(), sig)
+
+    if where == "checkout":
+        real_configure = tree._configure
+
+        def configure(git):
+            real_configure(git)
+            hit()
+
+        tree._configure = configure
+    elif where.startswith("patch"):
+        k, calls, real_commit = int(where[5:]), [], engine.commit_patch
+
+        def commit(*args, **kwargs):
+            calls.append(1)
+            out = real_commit(*args, **kwargs)
+            if len(calls) == k:
+                hit()
+            return out
+
+        engine.commit_patch = commit
+    elif where == "write":
+
+        def swap(new, target, old):
+            os.replace(target, old)  # the first of the two renames, then death
+            hit()
+
+        rebase.swap_in = swap
+    else:
+        real_save = sequencer.Runner.save
+
+        def save(self, phase=None):
+            real_save(self, phase)
+            if phase == where:
+                hit()
+
+        sequencer.Runner.save = save
+
+
+if __name__ == "__main__":
+    arm(sys.argv[1], getattr(signal, sys.argv[2]))
+    sys.exit(cli.main(sys.argv[3:]))
