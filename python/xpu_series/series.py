@@ -236,3 +236,27 @@ def static_problems(
         for name in series.unlisted()
     )
     return problems
+
+
+def dropped_test_problems(series: Series, root: Path) -> list[str]:
+    """Test files that only a dropped patch (patches/dropped/) names, still on disk:
+    they test a change the series no longer makes."""
+    carried = {t.split("::")[0] for p in series.patches if p.exists for t in _tests(p)}
+    problems = []
+    for path in sorted((series.directory / "dropped").glob("*.patch")):
+        dropped = Patch(PatchName(path.name), path)
+        for test in _tests(dropped):
+            rel = test.split("::")[0]
+            if rel not in carried and (root / rel).exists():
+                problems.append(
+                    f"{rel} still runs, but only the dropped patch {path.name} "
+                    "names it: remove it, or name it in a carried patch's Tests:"
+                )
+    return problems
+
+
+def _tests(patch: Patch) -> list[str]:
+    try:
+        return patch.header.tests
+    except SeriesError:
+        return []

@@ -158,6 +158,16 @@ def test_skip_asks_why_and_keeps_the_patch_in_dropped(
     assert result.code == 0, result.err
     dropped = three_patches.patches / "dropped" / "0002-fix-the-answer.patch"
     assert "Dropped: 0.0.2: upstream reworked the answer" in dropped.read_text()
+    assert three_patches.run("check").code == 0
+    # A test only the dropped patch names, still on disk, is flagged by check.
+    (three_patches.root / "test").mkdir()
+    (three_patches.root / "test" / "test_answer.py").write_text("def test(): pass\n")
+    dropped.write_text(
+        dropped.read_text().replace("---\n", "Tests: test/test_answer.py\n---\n", 1)
+    )
+    check = three_patches.run("check")
+    assert check.code == 1
+    assert "only the dropped patch 0002-fix-the-answer.patch names it" in check.err
     series = (three_patches.patches / "series").read_text()
     assert "0002" not in series and "0003-raise-the-limit.patch" in series
 
@@ -252,3 +262,37 @@ def test_interrupt_at_each_phase_can_be_aborted_or_continued(
     assert (three_patches.patches / "upstreamed" / "0001-raise-value.patch").exists()
     assert git(three_patches.tree, "status", "--porcelain") == ""
     assert three_patches.run("refresh", "--check").code == 0
+
+
+def test_retired_patch_tests_are_run_on_the_new_base(
+    project: Project, tmp_path: Path
+) -> None:
+    tests = project.root / "test"
+    tests.mkdir()
+    (tests / "test_value.py").write_text(
+        "from sglang.srt.flags import VALUE\n\ndef test_value():\n"
+        "    assert VALUE == 2\n"
+    )
+    (tests / "test_limit.py").write_text(
+        "from sglang.srt.third import LIMIT\n\ndef test_limit():\n"
+        "    assert LIMIT == 20\n"
+    )
+    project.add_patch(
+        "python/sglang/srt/flags.py", "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE", Tests="test/test_value.py",
+    )  # fmt: skip
+    project.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise the limit",
+        Tests="test/test_limit.py", Applied_Upstream="0.0.2",
+    )  # fmt: skip
+    # 0.0.2 has VALUE = 2 (the first patch reverse-applies) and a limit of its own
+    # (the second is retired by its Applied-Upstream field, yet its test fails).
+    wheel = newer(
+        tmp_path, flags="VALUE = 2\nNAME = 'upstream'\n", third="LIMIT = 30\n"
+    )
+    result = project.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel), "--json")
+    assert result.code == 0, result.err
+    retired = json.loads(result.out)["retired"]
+    verdicts = {r["name"]: r["tests_on_new_base"] for r in retired}
+    assert verdicts["0001-raise-value.patch"].startswith("pass on the new base")
+    assert verdicts["0002-raise-the-limit.patch"].startswith("fail on the new base")

@@ -9,7 +9,7 @@ from xpu_series.commands import Context, Output, add_upstream, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.project import Project
 from xpu_series.result import ExitCode, Report
-from xpu_series.series import format_problems, test_problems
+from xpu_series.series import dropped_test_problems, format_problems, test_problems
 from xpu_series.ui import render_report
 
 HELP = "dry run: would the series apply? plus static checks"
@@ -40,7 +40,11 @@ def run_check(
     series = project.series()
     # What apply can live with but a reviewer should not: a series file that
     # needs normalising, Tests: that name nothing.
-    report.problems += format_problems(series) + test_problems(series, project.root)
+    report.problems += (
+        format_problems(series)
+        + test_problems(series, project.root)
+        + dropped_test_problems(series, project.root)
+    )
     return report
 
 

@@ -323,12 +323,44 @@ def _retired(project: Project, op: Operation) -> list[dict[str, Any]]:
     return out
 
 
-def _result(project: Project, outcome: Outcome) -> RebaseResult:
+def _test_retired(project: Project, tree: Path, retired: list[dict[str, Any]]) -> None:
+    """Run each retired patch's tests on the new base: passing ones stay as
+    regression tests of upstream's behaviour, failing ones are for the maintainer."""
+    from xpu_series.commands.verify import count, run_pytest
+
+    for entry in retired:
+        tests = [
+            t for t in entry["tests"] if (project.root / t.split("::")[0]).exists()
+        ]
+        if not tests:
+            entry["tests_on_new_base"] = (
+                "no tests" if not entry["tests"] else ("its tests are gone")
+            )
+            continue
+        outcomes, _log = run_pytest(project, tree, tests)
+        counts = count(outcomes, tuple(tests))
+        if not counts.total:
+            verdict = "produced no outcome: run them by hand"
+        elif counts.failed or counts.errors:
+            verdict = f"fail on the new base ({counts}): port them or unregister them"
+        else:
+            verdict = (
+                f"pass on the new base ({counts}): kept as regression tests of "
+                "upstream's behaviour"
+            )
+        entry["tests_on_new_base"] = verdict
+
+
+def _result(
+    project: Project, outcome: Outcome, test_retired: bool = True
+) -> RebaseResult:
     op = outcome.op
     result = RebaseResult(outcome, dict(op.target.get("from", {})))
     if not outcome.finished:
         return result
     result.retired = _retired(project, op)
+    if test_retired:
+        _test_retired(project, Path(op.tree), result.retired)
     try:
         old_pin = dataclasses.replace(
             project.pin,
@@ -466,8 +498,12 @@ def _render(out: Output, result: RebaseResult) -> None:
         f"patch files rewritten (sha256 {op.target.get('sha256', '')[:12]})"
     )
     for r in result.retired:
-        tests = f"; its tests: {', '.join(r['tests'])}" if r["tests"] else ""
-        out.out.append(f"retired {r['name']} -> {r['moved_to']} ({r['reason']}){tests}")
+        out.out.append(f"retired {r['name']} -> {r['moved_to']} ({r['reason']})")
+        if r["tests"]:
+            out.out.append(
+                f"  its tests {', '.join(r['tests'])}: "
+                f"{r.get('tests_on_new_base', 'not run')}"
+            )
     if result.drift:
         out.out.append("")
         out.out.append(

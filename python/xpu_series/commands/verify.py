@@ -162,11 +162,19 @@ def _run_tests(
     project: Project, worktree: Path, commit: str, tests: list[str]
 ) -> tuple[dict[str, str], str]:
     Git(worktree).run("checkout", "-q", "-f", "--detach", commit)
+    return run_pytest(project, worktree, tests)
+
+
+def run_pytest(
+    project: Project, tree: Path, tests: list[str]
+) -> tuple[dict[str, str], str]:
+    """Run `tests` with `import sglang` resolving to `tree`; outcome per node id
+    (from the xpu_series.pytest_outcomes plugin) and the tail of pytest's output."""
     with tempfile.TemporaryDirectory(prefix="xpu-verify-") as tmp:
         out = Path(tmp) / "outcomes.json"
         env = {
             "PYTHONPATH": os.pathsep.join(
-                [str(worktree / "python"), str(Path(__file__).parents[2])]
+                [str(tree / "python"), str(Path(__file__).parents[2])]
             ),
             "XPU_SERIES_OUTCOMES": str(out),
             "PYTHONDONTWRITEBYTECODE": "1",
