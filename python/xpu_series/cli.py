@@ -7,6 +7,7 @@ upstream SGLang."""
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib
 import json
 import sys
@@ -87,8 +88,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OSError as exc:
         # A read-only or full disk, a vanished folder: say which file, no traceback.
         where = exc.filename or "a file"
+        denied = exc.errno in (errno.EROFS, errno.EACCES, errno.EPERM)
         return _failure(
-            f"cannot write or read {where}: {exc.strerror or exc}",
+            f"{where} is not writable ({exc.strerror})"
+            if denied
+            else f"cannot read or write {where}: {exc.strerror or exc}",
             "make that folder writable (or free space there), then run the "
             "same command again",
             ExitCode.FAILED,
