@@ -324,20 +324,29 @@ def _retired(project: Project, op: Operation) -> list[dict[str, Any]]:
 
 
 def _test_retired(project: Project, tree: Path, retired: list[dict[str, Any]]) -> None:
-    """Run each retired patch's tests on the new base: passing ones stay as
-    regression tests of upstream's behaviour, failing ones are for the maintainer."""
+    """Run the retired patches' tests on the new base (one pytest process, one
+    sglang import): passing ones stay as regression tests of upstream's
+    behaviour, failing ones are listed for the maintainer."""
     from xpu_series.commands.verify import count, run_pytest
 
+    wanted: dict[str, list[str]] = {}
     for entry in retired:
-        tests = [
+        present = [
             t for t in entry["tests"] if (project.root / t.split("::")[0]).exists()
         ]
-        if not tests:
+        wanted[entry["name"]] = present
+        if not present:
             entry["tests_on_new_base"] = (
-                "no tests" if not entry["tests"] else ("its tests are gone")
+                "its tests are gone" if entry["tests"] else "no tests"
             )
+    every = sorted({t for tests in wanted.values() for t in tests})
+    if not every:
+        return
+    outcomes, _log = run_pytest(project, tree, every)
+    for entry in retired:
+        tests = wanted[entry["name"]]
+        if not tests:
             continue
-        outcomes, _log = run_pytest(project, tree, tests)
         counts = count(outcomes, tuple(tests))
         if not counts.total:
             verdict = "produced no outcome: run them by hand"
@@ -391,6 +400,7 @@ def run_rebase(
     wheel: Path | None = None,
     on_patch: ProgressHook | None = None,
     progress: bool = False,
+    test_retired: bool = True,
 ) -> RebaseResult:
     """Start a rebase of the series (as in patches/) onto sglang `onto`."""
     require_idle(project.operations, "rebase")
@@ -433,17 +443,17 @@ def run_rebase(
         runner.begin()
         runner.notes = notes
         outcome = resume(runner, _finish_rebase)
-    return _result(project, outcome)
+    return _result(project, outcome, test_retired)
 
 
 def continue_rebase(
-    project: Project, on_patch: ProgressHook | None = None
+    project: Project, on_patch: ProgressHook | None = None, test_retired: bool = True
 ) -> RebaseResult:
     op = open_operation(project, "rebase")
     runner = Runner(project, op, on_patch)
     with tree_lock(Path(op.tree), "xpu-series rebase --continue"):
         outcome = resume(runner, _finish_rebase)
-    return _result(project, outcome)
+    return _result(project, outcome, test_retired)
 
 
 def skip_patch(
@@ -451,6 +461,7 @@ def skip_patch(
     reason: str,
     upstreamed: bool,
     on_patch: ProgressHook | None = None,
+    test_retired: bool = True,
 ) -> RebaseResult:
     """Drop the patch the rebase stopped at, with the reason, and go on."""
     op = open_operation(project, "rebase")
@@ -465,7 +476,7 @@ def skip_patch(
             {"reason": reason.strip(), UPSTREAMED: upstreamed, "detail": reason}
         )
         outcome = resume(runner, _finish_rebase)
-    return _result(project, outcome)
+    return _result(project, outcome, test_retired)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -475,6 +486,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_operation_flags(p, "rebase", skip=True)
     p.add_argument("--reason", default="", help="why --skip drops the patch")
+    p.add_argument(
+        "--no-test-retired",
+        dest="test_retired",
+        action="store_false",
+        help="do not run the retired patches' tests on the new base",
+    )
     p.add_argument(
         "--upstreamed",
         action="store_true",
@@ -541,15 +558,20 @@ def execute(ctx: Context) -> Output:
         out.data = {"aborted": True, "notes": notes, "ok": True}
         return out
     if args.cont:
-        result = continue_rebase(project, hook)
+        result = continue_rebase(project, hook, args.test_retired)
     elif args.skip:
-        result = skip_patch(project, args.reason, args.upstreamed, hook)
+        result = skip_patch(
+            project, args.reason, args.upstreamed, hook, args.test_retired
+        )
     else:
         if not args.onto:
             raise UsageError(
                 "rebase needs --onto VERSION (or --continue, --skip, --abort)",
                 hint="e.g. 'xpu-series rebase --onto 0.5.20'",
             )
-        result = run_rebase(project, args.onto, ctx.path("wheel"), hook, ctx.progress)
+        result = run_rebase(
+            project, args.onto, ctx.path("wheel"), hook, ctx.progress,
+            args.test_retired,
+        )  # fmt: skip
     _render(out, result)
     return out
