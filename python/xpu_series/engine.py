@@ -11,6 +11,7 @@ from pathlib import Path
 from xpu_series.errors import Interrupted
 from xpu_series.git import Git
 from xpu_series.header import patch_paths
+from xpu_series.pin import version_tuple
 from xpu_series.result import PatchOutcome, PatchStatus
 from xpu_series.series import Patch
 
@@ -177,16 +178,6 @@ def _failed_files(git: Git, patch: Patch) -> list[str]:
             paths = patch_paths(chunk)
             out.extend(p for p in paths[-1:] if p not in out)
     return out
-
-
-def version_tuple(version: str) -> tuple[int, ...] | None:
-    """Numeric release tuple, or None for anything else (a checkout, a tag).
-
-    >>> version_tuple("0.5.20"), version_tuple("0.5.20rc1"), version_tuple("main")
-    ((0, 5, 20), None, None)
-    """
-    parts = version.split(".")
-    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
 
 
 def declared_absorbed(patch: Patch, upstream_version: str | None) -> str:

@@ -7,8 +7,12 @@ from dataclasses import dataclass, field
 
 _FIELD = re.compile(r"^([A-Z][A-Za-z-]+):\s*(.*)$")
 # Fields we interpret; any other `Key: value` line in the description is kept verbatim.
-KNOWN_FIELDS = ("Upstream-Status", "Applied-Upstream", "Concern", "Tests")
-_STATUS = re.compile(r"^(Pending|Submitted|Backport|Inappropriate)\b")
+KNOWN_FIELDS = ("Upstream-Status", "Applied-Upstream", "Concern", "Origin", "Tests")
+# DEP-3's values: Pending, Submitted [where], Backport [version], Inappropriate [why].
+_STATUS = re.compile(
+    r"^(Pending|Submitted( \[[^\]]+\])?|Backport \[[^\]]+\]|Inappropriate \[[^\]]+\])$"
+)
+_BACKPORT = re.compile(r"^Backport \[([^\]]+)\]$")
 
 
 @dataclass(frozen=True)
@@ -96,8 +100,8 @@ def header_problems(header: PatchHeader) -> list[str]:
         problems.append("has no Upstream-Status field")
     elif not _STATUS.match(status):
         problems.append(
-            f"Upstream-Status {status!r} is not Pending, Submitted, Backport "
-            "or Inappropriate"
+            f"Upstream-Status {status!r} is not one of: Pending, Submitted [where], "
+            "Backport [version], Inappropriate [reason]"
         )
     if not header.concern:
         problems.append("has no Concern field")
@@ -146,3 +150,14 @@ def patch_paths(text: str) -> list[str]:
         elif line.startswith(("rename from ", "rename to ", "copy from ", "copy to ")):
             seen.setdefault(_strip_prefix(line.split(" ", 2)[2], ""), None)
     return list(seen)
+
+
+def backport_version(header: PatchHeader) -> str:
+    """X of `Upstream-Status: Backport [X]`, or ''.
+
+    >>> fields = (("Upstream-Status", "Backport [0.5.20]"),)
+    >>> backport_version(PatchHeader("s", "d", fields))
+    '0.5.20'
+    """
+    match = _BACKPORT.match(header.get("Upstream-Status"))
+    return match.group(1) if match else ""

@@ -60,6 +60,16 @@ class Pin:
         return None
 
 
+def version_tuple(version: str) -> tuple[int, ...] | None:
+    """Numeric release tuple, or None for anything else (a checkout, a tag).
+
+    >>> version_tuple("0.5.20"), version_tuple("0.5.20rc1"), version_tuple("main")
+    ((0, 5, 20), None, None)
+    """
+    parts = version.split(".")
+    return tuple(int(p) for p in parts) if all(p.isdigit() for p in parts) else None
+
+
 def load_pin(path: Path) -> Pin:
     """Read `patches/upstream.toml`; every missing or malformed key is a usage error."""
     try:

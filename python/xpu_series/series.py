@@ -10,7 +10,14 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 
 from xpu_series.errors import SeriesError
-from xpu_series.header import PatchHeader, header_problems, parse_header, patch_paths
+from xpu_series.header import (
+    PatchHeader,
+    backport_version,
+    header_problems,
+    parse_header,
+    patch_paths,
+)
+from xpu_series.pin import version_tuple
 
 _NAME = re.compile(r"^[0-9]{4}-[a-z0-9][a-z0-9.-]*\.patch$")
 
@@ -260,3 +267,42 @@ def _tests(patch: Patch) -> list[str]:
         return patch.header.tests
     except SeriesError:
         return []
+
+
+def metadata_problems(series: Series, pin_version: str) -> list[str]:
+    """The headers checked against reality: DEP-3's Origin named, one concern per
+    patch, and no carried patch that claims upstream has it at or below the pin."""
+    problems: list[str] = []
+    concerns: dict[str, str] = {}
+    pin = version_tuple(pin_version)
+    for patch in series.patches:
+        if not patch.exists:
+            continue
+        try:
+            header = patch.header
+        except SeriesError:
+            continue
+        if not header.get("Origin"):
+            problems.append(
+                f"{patch.name} has no Origin field (the upstream change it comes "
+                "from, DEP-3)"
+            )
+        concern = header.concern
+        if concern and concern in concerns:
+            problems.append(
+                f"{patch.name} and {concerns[concern]} share Concern: {concern}; "
+                "give each patch its own"
+            )
+        concerns.setdefault(concern, patch.name)
+        for field, version in (
+            ("Applied-Upstream", header.get("Applied-Upstream")),
+            ("Upstream-Status: Backport", backport_version(header)),
+        ):
+            have = version_tuple(version) if version else None
+            if pin is not None and have is not None and have <= pin:
+                problems.append(
+                    f"{patch.name} says {field} {version}, at or below the pin "
+                    f"{pin_version}: upstream has it, so it should not be carried "
+                    "(retire it with 'xpu-series rebase' or fix the header)"
+                )
+    return problems

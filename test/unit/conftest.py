@@ -5,6 +5,7 @@ from __future__ import annotations
 import hashlib
 import io
 import os
+import re
 import subprocess
 import sys
 import zipfile
@@ -138,7 +139,9 @@ class Project:
     def add_patch(self, rel: str, text: str, subject: str, **fields: str) -> None:
         """Commit a change in the tree and export the series with refresh."""
         fields.setdefault("Upstream_Status", "Pending")
-        fields.setdefault("Concern", "device-gates")
+        # Each patch its own concern, and where it comes from (check asks both).
+        fields.setdefault("Concern", re.sub(r"[^a-z]+", "-", subject[6:].lower()))
+        fields.setdefault("Origin", "other, written for the tool tests")
         self.commit_change(rel, text, subject, **fields)
         assert self.run("refresh").code == 0
 

@@ -98,3 +98,31 @@ def test_matrix_shows_each_patch_on_each_release(
     assert lines[3].split() == ["0003-raise-the-limit.patch", "applied", "absorbed"]
     data = json.loads(three_patches.run("matrix", "--wheel", str(newer), "--json").out)
     assert set(data["versions"]) == {"0.0.1", "0.0.2"}
+
+
+def test_metadata_is_checked_against_reality(three_patches: Project) -> None:
+    def edit(name: str, old: str, new: str) -> None:
+        path = three_patches.patches / name
+        path.write_text(path.read_text().replace(old, new, 1))
+
+    assert three_patches.run("check").code == 0
+    edit("0001-raise-value.patch", "Origin: other, written for the tool tests\n", "")
+    edit("0002-fix-the-answer.patch", "Concern: fix-the-answer", "Concern: raise-value")
+    edit(
+        "0003-raise-the-limit.patch",
+        "Upstream-Status: Pending",
+        "Upstream-Status: Backport [0.0.1]\nApplied-Upstream: 0.0.1",
+    )
+    result = three_patches.run("check", "--json")
+    assert result.code == 1
+    problems = "\n".join(json.loads(result.out)["problems"])
+    assert "0001-raise-value.patch has no Origin field" in problems
+    assert "0002-fix-the-answer.patch and 0001-raise-value.patch share Concern" in (
+        problems
+    )
+    assert "says Applied-Upstream 0.0.1, at or below the pin 0.0.1" in problems
+    assert "says Upstream-Status: Backport 0.0.1, at or below the pin" in problems
+    edit(
+        "0002-fix-the-answer.patch", "Upstream-Status: Pending", "Upstream-Status: Soon"
+    )
+    assert "'Soon' is not one of" in three_patches.run("check").err

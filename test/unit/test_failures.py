@@ -147,7 +147,8 @@ def test_check_reports_tests_that_do_not_exist(three_patches: Project) -> None:
     patch = three_patches.patches / "0002-fix-the-answer.patch"
     patch.write_text(
         patch.read_text().replace(
-            "Concern: device-gates\n", "Concern: device-gates\nTests: test/nope.py\n"
+            "Concern: fix-the-answer\n",
+            "Concern: fix-the-answer\nTests: test/nope.py\n",
         )
     )
     result = three_patches.run("check")
@@ -213,7 +214,7 @@ def test_apply_keeps_an_exported_but_uncommitted_head(three_patches: Project) ->
     before = snapshot(three_patches.patches)
     three_patches.commit_change(
         "python/sglang/srt/new.py", "X = 1\n", "[XPU] Exported only",
-        Upstream_Status="Pending", Concern="device-gates",
+        Upstream_Status="Pending", Concern="exported-only", Origin="other, test",
     )  # fmt: skip
     assert three_patches.run("refresh").code == 0
     head = git(three_patches.tree, "rev-parse", "HEAD")

@@ -37,7 +37,7 @@ def test_export_is_canonical(three_patches: Project) -> None:
     assert len(index.split()[1].split("..")[0]) == 40, "full blob ids for am -3"
     header = parse_header(text)
     assert header.get("Upstream-Status") == "Pending"
-    assert header.concern == "device-gates"
+    assert header.concern == "raise-value"
 
 
 def test_series_lists_the_exported_patches_in_order(three_patches: Project) -> None:
@@ -100,7 +100,7 @@ def test_refresh_never_deletes_patches_the_tree_lacks(three_patches: Project) ->
     git(three_patches.tree, "reset", "-q", "--hard", "refs/xpu-series/applied")
     git(three_patches.tree, "commit", "-q", "--amend", "-m",
         "[XPU] Raise the limit further\n\nWhy.\n\nUpstream-Status: Pending\n"
-        "Concern: device-gates\n")  # fmt: skip
+        "Concern: raise-the-limit\nOrigin: other, test\n")  # fmt: skip
     assert three_patches.run("refresh").code == 0
     assert sorted(p.name for p in three_patches.patches.glob("*.patch")) == sorted(
         n for n in before if n.endswith(".patch")

@@ -9,7 +9,12 @@ from xpu_series.commands import Context, Output, add_upstream, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.project import Project
 from xpu_series.result import ExitCode, Report
-from xpu_series.series import dropped_test_problems, format_problems, test_problems
+from xpu_series.series import (
+    dropped_test_problems,
+    format_problems,
+    metadata_problems,
+    test_problems,
+)
 from xpu_series.ui import render_report
 
 HELP = "dry run: would the series apply? plus static checks"
@@ -44,6 +49,7 @@ def run_check(
         format_problems(series)
         + test_problems(series, project.root)
         + dropped_test_problems(series, project.root)
+        + metadata_problems(series, project.pin.version)
     )
     return report
 
