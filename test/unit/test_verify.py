@@ -126,3 +126,16 @@ def test_verify_proves_a_subset_and_labels_import_errors(verified: Project) -> N
     assert proof["only_errors"] is True and proof["without"]["errors"] == 1
     assert "by errors only" in verified.run("verify", "0002").out
     assert verified.run("verify", "0009").code == 2
+
+
+def test_outcomes_are_cached_by_tree_and_tests(verified: Project) -> None:
+    first = verified.run("verify", "-v")
+    assert first.code == 0 and "(outcomes from the cache)" not in first.out
+    again = verified.run("verify", "-v")
+    assert again.code == 0 and "(outcomes from the cache)" in again.out
+    # A changed test file is a new key: run again, and now it is vacuous.
+    test = verified.root / "test" / "test_value.py"
+    test.write_text(test.read_text().replace("VALUE == 2", "VALUE in (1, 2)"))
+    changed = verified.run("verify", "-v", "--json")
+    assert changed.code == 1
+    assert json.loads(changed.out)["patches"][0]["verdict"] == "vacuous"

@@ -327,7 +327,7 @@ def _test_retired(project: Project, tree: Path, retired: list[dict[str, Any]]) -
     """Run the retired patches' tests on the new base (one pytest process, one
     sglang import): passing ones stay as regression tests of upstream's
     behaviour, failing ones are listed for the maintainer."""
-    from xpu_series.commands.verify import count, run_pytest
+    from xpu_series.proof import count, run_pytest
 
     wanted: dict[str, list[str]] = {}
     for entry in retired:

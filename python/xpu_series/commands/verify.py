@@ -3,12 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import json
-import os
-import sys
-import tempfile
-import threading
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -16,40 +10,14 @@ from typing import Any
 from xpu_series.commands import Context, Output, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.errors import UsageError, XpuSeriesError
-from xpu_series.git import Git, run_command
+from xpu_series.git import Git
 from xpu_series.project import Project
+from xpu_series.proof import Counts, PrefixRunner, Run, count
 from xpu_series.result import ExitCode, Report
 from xpu_series.tree import UPSTREAM_TAG
 from xpu_series.ui import render_report, table
 
 HELP = "prove each patch's tests fail without it and pass with it"
-
-
-@dataclass(frozen=True)
-class Counts:
-    """Outcomes of one patch's tests on one prefix of the series."""
-
-    passed: int = 0
-    failed: int = 0
-    skipped: int = 0
-    # Collection and setup errors (an import that fails), apart from failed tests.
-    errors: int = 0
-
-    @property
-    def total(self) -> int:
-        return self.passed + self.failed + self.skipped + self.errors
-
-    def to_json(self) -> dict[str, int]:
-        return {
-            "passed": self.passed,
-            "failed": self.failed,
-            "skipped": self.skipped,
-            "errors": self.errors,
-        }
-
-    def __str__(self) -> str:
-        text = f"{self.passed} passed, {self.failed} failed"
-        return text + (f", {self.errors} errors" if self.errors else "")
 
 
 @dataclass(frozen=True)
@@ -126,68 +94,6 @@ def judge(without: Counts, with_patch: Counts) -> str:
     return "proven"
 
 
-def count(outcomes: dict[str, str], tests: tuple[str, ...]) -> Counts:
-    """Tally the outcomes whose node id is one of `tests` or lies below one."""
-    tally = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
-    for nodeid, outcome in outcomes.items():
-        if not any(nodeid == t or nodeid.startswith(t + "::") for t in tests):
-            continue
-        tally[outcome if outcome in tally else "failed"] += 1
-    return Counts(tally["passed"], tally["failed"], tally["skipped"], tally["error"])
-
-
-class _Worktrees:
-    """A small pool of detached worktrees, one per worker thread."""
-
-    def __init__(self, git: Git, root: Path, size: int) -> None:
-        self.free: list[Path] = []
-        self.lock = threading.Lock()
-        git.run("worktree", "prune")
-        for i in range(size):
-            path = root / f"w{i}"
-            if not Git(path).is_repo():
-                git.run("worktree", "add", "-q", "-f", "--detach", str(path), "HEAD")
-            self.free.append(path)
-
-    def take(self) -> Path:
-        with self.lock:
-            return self.free.pop()
-
-    def give(self, path: Path) -> None:
-        with self.lock:
-            self.free.append(path)
-
-
-def _run_tests(
-    project: Project, worktree: Path, commit: str, tests: list[str]
-) -> tuple[dict[str, str], str]:
-    Git(worktree).run("checkout", "-q", "-f", "--detach", commit)
-    return run_pytest(project, worktree, tests)
-
-
-def run_pytest(
-    project: Project, tree: Path, tests: list[str]
-) -> tuple[dict[str, str], str]:
-    """Run `tests` with `import sglang` resolving to `tree`; outcome per node id
-    (from the xpu_series.pytest_outcomes plugin) and the tail of pytest's output."""
-    with tempfile.TemporaryDirectory(prefix="xpu-verify-") as tmp:
-        out = Path(tmp) / "outcomes.json"
-        env = {
-            "PYTHONPATH": os.pathsep.join(
-                [str(tree / "python"), str(Path(__file__).parents[2])]
-            ),
-            "XPU_SERIES_OUTCOMES": str(out),
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        args = [
-            sys.executable, "-m", "pytest", "-q", "-p", "xpu_series.pytest_outcomes",
-            "-p", "no:cacheprovider", "--rootdir", str(project.root), *tests,
-        ]  # fmt: skip
-        result = run_command(args, cwd=project.root, env=env)
-        outcomes = json.loads(out.read_text()) if out.is_file() else {}
-    return outcomes, result.stdout[-4000:] + result.stderr[-2000:]
-
-
 def select(names: list[str], wanted: list[str]) -> list[int]:
     """Indexes (1-based) of the patches `wanted` names: a file name, its stem, or
     its number.
@@ -253,21 +159,11 @@ def run_verify(
             PatchProof(names[k - 1], (), Counts(), Counts(), "untested") for k in chosen
         ]
         return result
-    pool = _Worktrees(git, root, max(1, min(jobs, len(work))))
-    outcomes: dict[int, dict[str, str]] = {}
-
-    def job(k: int) -> None:
-        worktree = pool.take()
-        try:
-            outcomes[k], result.logs[f"prefix-{k}"] = _run_tests(
-                project, worktree, prefix[k], work[k]
-            )
-        finally:
-            pool.give(worktree)
-
-    with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
-        for future in [executor.submit(job, k) for k in sorted(work)]:
-            future.result()
+    runner = PrefixRunner(project, git, root, jobs)
+    runs = {f"prefix-{k}": Run(prefix[k], wanted) for k, wanted in sorted(work.items())}
+    by_label = runner.run(runs)
+    result.logs = runner.logs
+    outcomes = {k: by_label.get(f"prefix-{k}", {}) for k in work}
     for k in chosen:
         name, spec = names[k - 1], tests[k - 1]
         if not spec:
