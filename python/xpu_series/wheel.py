@@ -342,3 +342,35 @@ def wheel_files(path: Path, pin: Pin) -> Iterator[tuple[str, bool, bytes]]:
                 ) from None
             # git tracks only the executable bit; keep it, drop the rest.
             yield target, bool((info.external_attr >> 16) & 0o111), data
+
+
+def index_releases(pin: Pin) -> list[str]:
+    """Every release of `pin.project` the package index lists for the pin's
+    Python and platform, oldest first (pip's own list, asked with a version that
+    cannot exist)."""
+    args = [
+        sys.executable, "-m", "pip", "download", "--no-deps", "--progress-bar=off",
+        "--only-binary=:all:", "--python-version", pin.python_version,
+        "--implementation", "cp", "--platform", pin.platform,
+        "--dest", tempfile.gettempdir(), "--disable-pip-version-check",
+        f"{pin.project}==0.0.0.dev0",
+    ]  # fmt: skip
+    result = run_command(args)
+    text = result.stderr + result.stdout
+    found = _VERSIONS.search(text)
+    listed = (
+        []
+        if not found
+        else [
+            v.strip()
+            for v in found.group(1).split(",")
+            if v.strip() not in ("", "none")
+        ]
+    )
+    if not listed:
+        raise NetworkError(
+            f"could not reach the package index to list {pin.project} releases",
+            hint="name the releases: 'xpu-series matrix 0.5.20 0.5.23' (with "
+            "--wheel PATH for each when offline)",
+        )
+    return listed

@@ -126,3 +126,79 @@ def test_metadata_is_checked_against_reality(three_patches: Project) -> None:
         "0002-fix-the-answer.patch", "Upstream-Status: Pending", "Upstream-Status: Soon"
     )
     assert "'Soon' is not one of" in three_patches.run("check").err
+
+
+def test_behavioural_matrix_says_which_release_still_needs_each_patch(
+    project: Project, tmp_path
+) -> None:
+    from conftest import BASE_FILES, build_wheel, wheel_name
+
+    tests = project.root / "test"
+    tests.mkdir()
+    cases = {
+        "value": ("flags", "VALUE", "2"),
+        "answer": ("other", "answer()", "42"),
+        "limit": ("third", "LIMIT", "20"),
+    }
+    for name, (module, symbol, value) in cases.items():
+        imported = symbol.rstrip("()")
+        helper = "from sglang.srt.long import LINE_1  # upstream moves it\n"
+        (tests / f"test_{name}.py").write_text(
+            (helper if name == "limit" else "")
+            + f"from sglang.srt.{module} import {imported}\n\n"
+            f"def test_{name}():\n    assert {symbol} == {value}\n"
+        )
+    project.add_patch("python/sglang/srt/flags.py", "VALUE = 2\nNAME = 'upstream'\n",
+                      "[XPU] Raise VALUE", Tests="test/test_value.py")  # fmt: skip
+    project.add_patch("python/sglang/srt/other.py", "def answer():\n    return 42\n",
+                      "[XPU] Fix the answer", Tests="test/test_answer.py")  # fmt: skip
+    project.add_patch("python/sglang/srt/third.py", "LIMIT = 20\n",
+                      "[XPU] Raise the limit", Tests="test/test_limit.py")  # fmt: skip
+    # 0.0.2: upstream has VALUE = 2; other.py unchanged; long.py (a helper only
+    # 0003's test uses) is gone, so 0003 still applies but its test needs porting.
+    files = dict(BASE_FILES)
+    files["sglang/srt/flags.py"] = "VALUE = 2\nNAME = 'upstream'\n"
+    files["sglang/srt/long1.py"] = files.pop("sglang/srt/long.py")
+    newer = tmp_path / wheel_name("0.0.2")
+    build_wheel(newer, files, version="0.0.2")
+    result = project.run("matrix", "--wheel", str(newer), "--behaviour", "--json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert data["versions"] == ["0.0.1", "0.0.2"]
+    rows = {p["name"]: p for p in data["patches"]}
+    assert rows["0001-raise-value.patch"]["behaviour"] == {
+        "0.0.1": "needed", "0.0.2": "upstream-has-it",
+    }  # fmt: skip
+    assert rows["0001-raise-value.patch"]["no_longer_needed"]["version"] == "0.0.2"
+    assert rows["0002-fix-the-answer.patch"]["behaviour"]["0.0.2"] == "needed"
+    assert rows["0002-fix-the-answer.patch"]["no_longer_needed"] == {}
+    assert rows["0003-raise-the-limit.patch"]["behaviour"]["0.0.2"] == (
+        "tests-need-porting"
+    )
+    markdown = project.run("matrix", "--wheel", str(newer), "--behaviour", "--markdown")
+    assert "| 0001-raise-value | applied / needed | absorbed / upstream-has-it |" in (
+        markdown.out
+    )
+
+
+def test_matrix_asks_the_index_for_newer_releases(
+    three_patches: Project, tmp_path, monkeypatch
+) -> None:
+    import os
+
+    from conftest import BASE_FILES, build_wheel, wheel_name
+
+    index = tmp_path / "index"
+    index.mkdir()
+    for version in ("0.0.0", "0.0.1", "0.0.2", "0.0.3rc1"):
+        build_wheel(index / wheel_name(version), BASE_FILES, version=version)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    result = three_patches.run("matrix", "--json")
+    assert result.code == 0, result.err
+    assert json.loads(result.out)["versions"] == ["0.0.1", "0.0.2"]
+    monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nowhere"))
+    offline = three_patches.run("matrix")
+    assert offline.code == 1
+    assert "could not reach the package index to list sglang releases" in offline.err

@@ -160,7 +160,7 @@ def test_reports_and_exit_codes_agree(three_patches: Project, tmp_path: Path) ->
     """Item 6."""
     p2 = three_patches.patches / "0002-fix-the-answer.patch"
     p2.write_text(p2.read_text().replace("-    return 41", "-    return 40"))
-    matrix = three_patches.run("matrix", "--json")
+    matrix = three_patches.run("matrix", "0.0.1", "--json")
     assert json.loads(matrix.out)["ok"] is False and matrix.code == 1
     status = json.loads(three_patches.run("status", "--json").out)
     assert status["upstream"]["pinned"] is True

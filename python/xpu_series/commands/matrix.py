@@ -1,49 +1,127 @@
-"""matrix: the status of every patch on several upstream releases, side by side."""
+"""matrix: each patch on several upstream releases, side by side: by text (does it
+apply?) and, with --behaviour, by its tests (does the release still need it?).
+
+Behaviour on a release: the series is committed there as far as each patch goes
+(a patch that does not apply is left out, the rest go on), then each patch's
+`Tests:` run with the patches below it and without it (and with it, where it
+applies), through the same prefix runner and outcome cache as `verify`:
+`needed` (fail without, pass with), `upstream-has-it` (pass without),
+`tests-need-porting` (fail or error with the patch too, or the text says upstream
+has it but the tests disagree), `untested` (no `Tests:`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xpu_series import engine
 from xpu_series.commands import Context, Output
 from xpu_series.commands.check import run_check
+from xpu_series.engine import declared_absorbed
 from xpu_series.errors import UsageError
+from xpu_series.git import Git
+from xpu_series.lock import tree_lock
+from xpu_series.pin import version_tuple
 from xpu_series.project import Project
-from xpu_series.result import ExitCode, Report
+from xpu_series.proof import Counts, PrefixRunner, Run, count
+from xpu_series.result import ExitCode, PatchStatus, Report
+from xpu_series.sequencer import borrow_pin_objects
+from xpu_series.tree import materialize_base, repair
 from xpu_series.ui import table
+from xpu_series.wheel import fetch_wheel, index_releases
 
-HELP = "status of every patch on several upstream releases"
+HELP = "each patch on several upstream releases: applies? still needed?"
+NEEDED = "needed"
+UPSTREAM_HAS_IT = "upstream-has-it"
+PORTING = "tests-need-porting"
+UNTESTED = "untested"
+ERROR = "error"
+
+
+@dataclass
+class PatchRow:
+    """One patch across the releases."""
+
+    name: str
+    text: dict[str, str] = field(default_factory=dict)
+    behaviour: dict[str, str] = field(default_factory=dict)
+    detail: dict[str, str] = field(default_factory=dict)
+    no_longer_needed: dict[str, str] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "name": self.name,
+            "text": self.text,
+            "behaviour": self.behaviour,
+            "detail": self.detail,
+            "no_longer_needed": self.no_longer_needed,
+        }
 
 
 @dataclass
 class Matrix:
-    """One check report per version, in the order asked."""
+    """One check report per version, in the order asked, and the per-patch rows."""
 
     reports: dict[str, Report] = field(default_factory=dict)
+    rows_: list[PatchRow] = field(default_factory=list)
+    behaviour: bool = False
+    # Our own errors (a test run that produced nothing): these fail the run.
+    errors: list[str] = field(default_factory=list)
+    # Headers that disagree with what the tests measured: information.
+    disagreements: list[str] = field(default_factory=list)
+    pin: str = ""
+
+    @property
+    def versions(self) -> list[str]:
+        return list(self.reports)
+
+    def cell(self, row: PatchRow, version: str) -> str:
+        text = row.text.get(version, "-")
+        if not self.behaviour:
+            return text
+        return f"{text} / {row.behaviour.get(version, '-')}"
 
     def rows(self) -> list[list[str]]:
-        versions = list(self.reports)
-        names = [p.name for p in next(iter(self.reports.values())).patches]
-        table = []
-        for index, name in enumerate(names):
-            row = [name]
-            for version in versions:
-                patches = self.reports[version].patches
-                row.append(str(patches[index].status) if index < len(patches) else "-")
-            table.append(row)
-        return table
+        return [
+            [row.name, *(self.cell(row, v) for v in self.versions)]
+            for row in self.rows_
+        ]
 
     @property
     def ok(self) -> bool:
-        return all(r.ok for r in self.reports.values())
+        """The pin applies and every test run produced outcomes. A newer release
+        that needs work is information, not a failure."""
+        pin = self.reports.get(self.pin)
+        return (pin is None or pin.ok) and not self.errors
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "versions": {v: r.to_json() for v, r in self.reports.items()},
+            "versions": self.versions,
+            "pin": self.pin,
+            "patches": [row.to_json() for row in self.rows_],
+            "reports": {v: r.to_json() for v, r in self.reports.items()},
+            "errors": self.errors,
+            "disagreements": self.disagreements,
             "ok": self.ok,
         }
+
+    def markdown(self) -> str:
+        head = ["patch", *self.versions, "no longer needed from"]
+        lines = [
+            "| " + " | ".join(head) + " |",
+            "|" + "---|" * len(head),
+        ]
+        for row in self.rows_:
+            gone = row.no_longer_needed
+            when = f"{gone['version']} ({gone['why']})" if gone else "-"
+            cells = [row.name.removesuffix(".patch")]
+            cells += [self.cell(row, v) for v in self.versions] + [when]
+            lines.append("| " + " | ".join(cells) + " |")
+        return "\n".join(lines)
 
 
 def wheel_version(path: Path, project: str) -> str:
@@ -58,41 +136,248 @@ def wheel_version(path: Path, project: str) -> str:
     return path.name[len(prefix) :].split("-", 1)[0]
 
 
+def default_versions(project: Project) -> list[str]:
+    """The pin and every newer release the index lists (plain X.Y.Z releases)."""
+    pin = version_tuple(project.pin.version) or ()
+    return [
+        v
+        for v in index_releases(project.pin)
+        if (t := version_tuple(v)) is not None and t > pin
+    ]
+
+
+def classify(
+    without: Counts, with_patch: Counts | None, status: str, has_tests: bool
+) -> str:
+    """A patch's behaviour on one release from its tests' outcomes.
+
+    >>> classify(Counts(failed=1), Counts(passed=1), "applied", True)
+    'needed'
+    >>> classify(Counts(passed=2), Counts(passed=2), "applied", True)
+    'upstream-has-it'
+    >>> classify(Counts(failed=1), Counts(failed=1), "applied", True)
+    'tests-need-porting'
+    >>> classify(Counts(failed=1), None, "conflict", True)
+    'needed'
+    """
+    if not has_tests:
+        return UNTESTED
+    if not without.total:
+        return ERROR
+    if without.passed and not (without.failed or without.errors):
+        return UPSTREAM_HAS_IT
+    if status == str(PatchStatus.ABSORBED):
+        return PORTING  # upstream has the text, yet the tests fail: they moved
+    if with_patch is None:
+        return NEEDED  # fails without; the patch itself needs rework to apply
+    if with_patch.failed or with_patch.errors or not with_patch.passed:
+        return PORTING
+    return NEEDED
+
+
+def _best_effort_tree(
+    project: Project, version: str, wheel: Path | None
+) -> tuple[Git, list[tuple[str, str]], str]:
+    """The series on `version` as far as each patch goes: (status, commit after
+    the patch) per patch, and the base commit."""
+    tree = project.build_dir / "matrix" / version / "tree"
+    tree.parent.mkdir(parents=True, exist_ok=True)
+    with tree_lock(tree, f"xpu-series matrix {version}"):
+        git = Git(tree)
+        if git.is_repo():
+            repair(git)
+            git.run("clean", "-q", "-fdx")
+        pin = project.pin.for_version(version)
+        fetched = fetch_wheel(pin, project.cache_dir, local=wheel)
+        base = materialize_base(fetched, pin, tree, project.cache_dir)
+        if version != project.pin.version:
+            borrow_pin_objects(project, git)
+        steps: list[tuple[str, str]] = []
+        head = base.commit
+        for patch in project.series().patches:
+            status, _detail = engine.commit_patch(
+                git, patch, exact=version == project.pin.version
+            )
+            if status in (PatchStatus.CONFLICT, PatchStatus.PARTIAL) and (
+                declared_absorbed(patch, version)
+            ):
+                status = PatchStatus.ABSORBED
+            if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
+                head = git.out("rev-parse", "HEAD")
+            steps.append((str(status), head))
+    return git, steps, base.commit
+
+
+def _measure(
+    project: Project, matrix: Matrix, version: str, wheel: Path | None, jobs: int
+) -> None:
+    """Fill in the behaviour column of `version` for every patch."""
+    git, steps, base = _best_effort_tree(project, version, wheel)
+    series = project.series().patches
+    tests = [tuple(p.header.tests) for p in series]
+    before = [base] + [commit for _status, commit in steps[:-1]]
+    work: dict[str, list[str]] = {}
+    for k, spec in enumerate(tests):
+        if not spec:
+            continue
+        status, after = steps[k]
+        commits = [before[k]]
+        if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
+            commits.append(after)
+        for commit in commits:
+            wanted = work.setdefault(commit, [])
+            wanted += [t for t in spec if t not in wanted]
+    root = project.build_dir / "matrix" / version
+    runner = PrefixRunner(project, git, root, jobs)
+    outcomes = runner.run({c: Run(c, t) for c, t in work.items()})
+    for k, (patch, spec) in enumerate(zip(series, tests, strict=True)):
+        row = matrix.rows_[k]
+        status, after = steps[k]
+        without = count(outcomes.get(before[k], {}), spec)
+        applied = status in (PatchStatus.APPLIED, PatchStatus.MERGED)
+        with_patch = count(outcomes.get(after, {}), spec) if applied else None
+        verdict = classify(without, with_patch, status, bool(spec))
+        row.behaviour[version] = verdict
+        detail = f"without: {without}" + (f"; with: {with_patch}" if applied else "")
+        row.detail[version] = detail if spec else ""
+        if verdict == ERROR:
+            log = runner.logs.get(before[k], "").strip()[-1200:]
+            matrix.errors.append(
+                f"{version}: {patch.name}: the run without it produced no outcome "
+                f"for {', '.join(spec)}; pytest said:\n{log or '(nothing)'}"
+            )
+
+
+def _conclude(project: Project, matrix: Matrix) -> None:
+    """Per patch: the first release that no longer needs it, and headers that
+    disagree with the measurement."""
+    series = {p.name: p for p in project.series().patches}
+    for row in matrix.rows_:
+        for version in matrix.versions[1:]:
+            if row.text.get(version) == str(PatchStatus.ABSORBED):
+                why = "text: upstream has it"
+            elif row.behaviour.get(version) == UPSTREAM_HAS_IT:
+                why = "behaviour: its tests pass without it"
+            else:
+                continue
+            row.no_longer_needed = {"version": version, "why": why}
+            break
+        claimed = series[row.name].header.get("Applied-Upstream")
+        if not claimed or not matrix.behaviour:
+            continue
+        if matrix.behaviour and row.behaviour.get(claimed) == NEEDED:
+            matrix.disagreements.append(
+                f"{row.name} says Applied-Upstream: {claimed}, but its tests still "
+                f"fail without it on {claimed}"
+            )
+        for version in matrix.versions:
+            have, want = version_tuple(version), version_tuple(claimed)
+            if (
+                have is not None
+                and want is not None
+                and have < want
+                and row.behaviour.get(version) == UPSTREAM_HAS_IT
+            ):
+                matrix.disagreements.append(
+                    f"{row.name} says Applied-Upstream: {claimed}, but its tests "
+                    f"already pass without it on {version}"
+                )
+                break
+
+
 def run_matrix(
-    project: Project, versions: list[str], wheels: list[Path], progress: bool = False
+    project: Project,
+    versions: list[str],
+    wheels: list[Path],
+    progress: bool = False,
+    behaviour: bool = False,
+    jobs: int = 2,
 ) -> Matrix:
-    """`check` on the pin and on each version or local wheel; not the user's tree."""
+    """`check` on the pin and on each version (or local wheel); with `behaviour`,
+    each patch's tests there too. The user's tree is never touched."""
     by_version = {wheel_version(w, project.pin.project): w for w in wheels}
+    asked = [*versions, *by_version]
+    if not asked:
+        asked = default_versions(project)
     wanted = [project.pin.version]
-    for version in [*versions, *by_version]:
+    for version in asked:
         if version not in wanted:
             wanted.append(version)
-    matrix = Matrix()
+    matrix = Matrix(behaviour=behaviour, pin=project.pin.version)
+    names = [p.name for p in project.series().patches]
+    matrix.rows_ = [PatchRow(name) for name in names]
     for version in wanted:
-        matrix.reports[version] = run_check(
-            project, version, by_version.get(version), progress
-        )
+        report = run_check(project, version, by_version.get(version), progress)
+        matrix.reports[version] = report
+        statuses = {p.name: str(p.status) for p in report.patches}
+        for row in matrix.rows_:
+            row.text[version] = statuses.get(row.name, "-")
+        if behaviour and not report.problems:
+            _measure(project, matrix, version, by_version.get(version), jobs)
+    _conclude(project, matrix)
     return matrix
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("versions", nargs="*", metavar="VERSION", help="e.g. 0.5.20 0.5.23")
+    p.add_argument(
+        "versions",
+        nargs="*",
+        metavar="VERSION",
+        help="releases to compare with the pin (default: every newer release "
+        "the package index lists)",
+    )
     p.add_argument(
         "--wheel",
         action="append",
         metavar="PATH",
         help="a local wheel (its version comes from the file name); repeatable",
     )
+    p.add_argument(
+        "--behaviour",
+        action="store_true",
+        help="also run each patch's tests without and with it on every release",
+    )
+    p.add_argument("-j", "--jobs", type=int, default=2, help="parallel pytest runs")
+    p.add_argument(
+        "--markdown", action="store_true", help="print the table as markdown"
+    )
+    p.add_argument(
+        "--save",
+        metavar="DIR",
+        help="also write matrix.json and matrix.md into DIR",
+    )
 
 
 def execute(ctx: Context) -> Output:
     project = ctx.project()
-    wheels = [Path(w) for w in ctx.args.wheel or []]
-    matrix = run_matrix(project, ctx.args.versions, wheels, ctx.progress)
+    args = ctx.args
+    wheels = [Path(w) for w in args.wheel or []]
+    matrix = run_matrix(
+        project, args.versions, wheels, ctx.progress, args.behaviour, args.jobs
+    )
     out = Output(data=matrix.to_json())
-    out.out.append(table(["patch", *matrix.reports], matrix.rows()))
+    if args.markdown:
+        out.out.append(matrix.markdown())
+    else:
+        out.out.append(table(["patch", *matrix.versions], matrix.rows()))
+        gone = [
+            f"{row.name}: not needed from {row.no_longer_needed['version']} "
+            f"({row.no_longer_needed['why']})"
+            for row in matrix.rows_
+            if row.no_longer_needed
+        ]
+        if gone:
+            out.out += ["", *gone]
+    out.out += [f"note: {d}" for d in matrix.disagreements]
     for version, report in matrix.reports.items():
         out.err += [f"error: {version}: {p}" for p in report.problems]
-    # Exit code and "ok" agree: 1 when any release needs work on the series.
+    out.err += [f"error: {e}" for e in matrix.errors]
+    if args.save:
+        folder = Path(args.save)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "matrix.json").write_text(
+            json.dumps(matrix.to_json(), indent=2, sort_keys=True) + "\n"
+        )
+        (folder / "matrix.md").write_text(matrix.markdown() + "\n")
     out.code = ExitCode.OK if matrix.ok else ExitCode.FAILED
     return out
