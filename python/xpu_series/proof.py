@@ -150,11 +150,14 @@ class PrefixRunner:
     """Runs each prefix's tests once, in a pool of worktrees of `git`'s repo, and
     remembers outcomes by (tree, tests) so an unchanged run costs nothing."""
 
-    def __init__(self, project: Project, git: Git, root: Path, jobs: int) -> None:
+    def __init__(
+        self, project: Project, git: Git, root: Path, jobs: int, fresh: bool = False
+    ) -> None:
         self.project = project
         self.git = git
         self.root = root
         self.jobs = max(1, jobs)
+        self.fresh = fresh  # run everything again (outcomes are still stored)
         self.cache = project.cache_dir / "outcomes"
         self.logs: dict[str, str] = {}
         self.cached: set[str] = set()
@@ -181,7 +184,7 @@ class PrefixRunner:
         for label, run in work.items():
             tree_id = self.git.out("rev-parse", f"{run.commit}^{{tree}}")
             key = outcome_key(self.project, tree_id, run.tests)
-            hit = self._load(key)
+            hit = None if self.fresh else self._load(key)
             if hit is not None:
                 results[label] = hit
                 self.cached.add(label)

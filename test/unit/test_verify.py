@@ -139,3 +139,45 @@ def test_outcomes_are_cached_by_tree_and_tests(verified: Project) -> None:
     changed = verified.run("verify", "-v", "--json")
     assert changed.code == 1
     assert json.loads(changed.out)["patches"][0]["verdict"] == "vacuous"
+
+
+def test_mutants_of_added_lines_must_be_killed(verified: Project) -> None:
+    weak = _write_test(
+        verified,
+        "test_weak.py",
+        "from sglang.srt.other import answer\n\n"
+        "def test_any_answer():\n    assert answer() in (41, 42, 43)\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/other.py",
+        "def answer():\n    return 42\n",
+        "[XPU] Fix the answer",
+        Tests=weak,
+    )
+    result = verified.run("verify", "--mutants", "--json")
+    assert result.code == 1, result.err
+    data = {p["name"]: p for p in json.loads(result.out)["patches"]}
+    strong, loose = data["0001-raise-value.patch"], data["0002-fix-the-answer.patch"]
+    # VALUE = 2 -> 3, -> 1 and a deleted statement: the test sees each.
+    assert strong["made"] >= 3 and strong["killed"] == strong["made"]
+    assert strong["ok"] is True
+    # return 42 -> 43 passes `in (41, 42, 43)`: a survivor, shown with its diff.
+    survivors = {s["diff"]: s for s in loose["survived"]}
+    diff = "python/sglang/srt/other.py:2: -return 42 +return 43"
+    assert diff in survivors and loose["ok"] is False
+    text = verified.run("verify", "--mutants", "0002")
+    mutant = survivors[diff]["id"]
+    assert f"survived {mutant}" in text.out
+    assert f"xpu-series verify --mutants 0002 --mutant {mutant}" in text.out
+    # The reproduce line, followed, runs that one mutant.
+    one = verified.run("verify", "--mutants", "0002", "--mutant", mutant, "--json")
+    assert one.code == 1
+    (only,) = json.loads(one.out)["patches"]
+    assert only["made"] == 1 and only["survived"][0]["id"] == mutant
+    # Accepted with a reason in the one reviewed file, it no longer fails the run.
+    (verified.root / "test" / "accepted_mutants.toml").write_text(
+        f'[[mutant]]\npatch = "0002-fix-the-answer.patch"\nid = "{mutant}"\n'
+        f'diff = "{diff}"\nreason = "43 is as good an answer for this test"\n'
+    )
+    accepted = verified.run("verify", "--mutants", "0002", "--mutant", mutant)
+    assert accepted.code == 0, accepted.out

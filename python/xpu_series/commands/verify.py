@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -11,8 +13,15 @@ from xpu_series.commands import Context, Output, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.errors import UsageError, XpuSeriesError
 from xpu_series.git import Git
+from xpu_series.mutants import (
+    ACCEPTED,
+    PatchMutants,
+    load_accepted,
+    patch_mutants,
+    run_worker,
+)
 from xpu_series.project import Project
-from xpu_series.proof import Counts, PrefixRunner, Run, count
+from xpu_series.proof import Counts, PrefixRunner, Run, Worktrees, count
 from xpu_series.result import ExitCode, Report
 from xpu_series.tree import UPSTREAM_TAG
 from xpu_series.ui import render_report, table
@@ -120,32 +129,70 @@ def select(names: list[str], wanted: list[str]) -> list[int]:
     return sorted(chosen)
 
 
-def run_verify(
-    project: Project, jobs: int = 2, patches: list[str] | None = None
-) -> VerifyResult:
-    """Apply the series once, then run patch k's tests at prefixes k-1 and k."""
+@dataclass
+class SeriesPrefixes:
+    """The series applied once in build/verify/tree: commit k is upstream plus
+    patches 1..k (prefix 0 is upstream alone); shared by verify and --mutants."""
+
+    project: Project
+    report: Report
+    git: Git
+    root: Path
+    names: list[str]
+    commits: list[str]
+    tests: list[tuple[str, ...]]
+
+    def require_tests(self, chosen: list[int]) -> None:
+        for k in chosen:
+            spec = self.tests[k - 1]
+            root = self.project.root
+            missing = [t for t in spec if not (root / t.split("::")[0]).exists()]
+            if missing:
+                raise XpuSeriesError(
+                    f"{self.names[k - 1]} names tests that do not exist: "
+                    f"{', '.join(missing)}",
+                    hint="fix the Tests: field in the patch's commit message, "
+                    "then refresh",
+                )
+
+
+def series_prefixes(project: Project) -> SeriesPrefixes:
     root = project.build_dir / "verify"
     report = run_apply(project, ApplyOptions(tree=root / "tree", scratch=True))
     assert isinstance(report, Report)  # a scratch tree always gives a report
-    result = VerifyResult(apply=report)
-    if not report.ok:
-        return result
     git = Git(root / "tree")
     series = project.series()
-    names = [p.name for p in series.patches]
+    commits: list[str] = []
+    if report.ok:
+        commits = [git.out("rev-parse", UPSTREAM_TAG)]
+        for outcome in report.patches:
+            commits.append(outcome.commit or commits[-1])
+    return SeriesPrefixes(
+        project,
+        report,
+        git,
+        root,
+        [p.name for p in series.patches],
+        commits,
+        [tuple(p.header.tests) for p in series.patches],
+    )
+
+
+def run_verify(
+    project: Project,
+    jobs: int = 2,
+    patches: list[str] | None = None,
+    fresh: bool = False,
+) -> VerifyResult:
+    """Apply the series once, then run patch k's tests at prefixes k-1 and k."""
+    prefixes = series_prefixes(project)
+    result = VerifyResult(apply=prefixes.report)
+    if not prefixes.report.ok:
+        return result
+    git, root = prefixes.git, prefixes.root
+    names, prefix, tests = prefixes.names, prefixes.commits, prefixes.tests
     chosen = select(names, patches or [])
-    prefix = [git.out("rev-parse", UPSTREAM_TAG)]
-    for outcome in report.patches:
-        prefix.append(outcome.commit or prefix[-1])
-    tests = [tuple(p.header.tests) for p in series.patches]
-    for k in chosen:
-        spec = tests[k - 1]
-        missing = [t for t in spec if not (project.root / t.split("::")[0]).exists()]
-        if missing:
-            raise XpuSeriesError(
-                f"{names[k - 1]} names tests that do not exist: {', '.join(missing)}",
-                hint="fix the Tests: field in the patch's commit message, then refresh",
-            )
+    prefixes.require_tests(chosen)
     # Patch k's tests run at prefix k-1 (must fail) and prefix k (must pass); one
     # pytest process per prefix runs everything that prefix owes.
     work: dict[int, list[str]] = {}
@@ -159,7 +206,7 @@ def run_verify(
             PatchProof(names[k - 1], (), Counts(), Counts(), "untested") for k in chosen
         ]
         return result
-    runner = PrefixRunner(project, git, root, jobs)
+    runner = PrefixRunner(project, git, root, jobs, fresh)
     runs = {f"prefix-{k}": Run(prefix[k], wanted) for k, wanted in sorted(work.items())}
     by_label = runner.run(runs)
     result.logs = runner.logs
@@ -198,18 +245,165 @@ def _prefix_name(names: list[str], k: int) -> str:
     return "upstream only" if k == 0 else f"upstream + patches up to {names[k - 1]}"
 
 
+@dataclass
+class MutantsResult:
+    """verify --mutants: per patch, its mutants and what its tests made of them."""
+
+    apply: Report
+    patches: list[PatchMutants] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.apply.ok and all(p.ok for p in self.patches)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "patches": [p.to_json() for p in self.patches],
+            "problems": self.apply.problems,
+            "seconds": round(self.seconds, 1),
+            "ok": self.ok,
+        }
+
+
+def run_mutants(
+    project: Project,
+    jobs: int = 2,
+    patches: list[str] | None = None,
+    only: str = "",
+    timeout: float = 60.0,
+) -> MutantsResult:
+    """Mutate the lines each patch adds; its tests must fail on every mutant.
+
+    One interpreter per patch (heavy imports once), one fork per mutant.
+    """
+    start = time.monotonic()
+    prefixes = series_prefixes(project)
+    result = MutantsResult(apply=prefixes.report)
+    if not prefixes.report.ok:
+        return result
+    chosen = select(prefixes.names, patches or [])
+    prefixes.require_tests(chosen)
+    accepted = load_accepted(project.root)
+    git, commits = prefixes.git, prefixes.commits
+    work: list[tuple[int, PatchMutants]] = []
+    for k in chosen:
+        name, tests = prefixes.names[k - 1], prefixes.tests[k - 1]
+        made = patch_mutants(git, commits[k - 1], commits[k])
+        if only:
+            made = [m for m in made if m.id == only]
+        reasons = {i: r for (n, i), r in accepted.items() if n == name}
+        entry = PatchMutants(name, tests, made, {}, reasons)
+        result.patches.append(entry)
+        if tests and made:
+            work.append((k, entry))
+        elif made:
+            entry.baseline = "untested"
+    if only and not any(p.made for p in result.patches):
+        raise UsageError(
+            f"no mutant {only!r} in {', '.join(p.name for p in result.patches)}",
+            hint="copy the id from the survivor's line of 'verify --mutants'",
+        )
+    if work:
+        pool = Worktrees(git, prefixes.root, min(max(1, jobs), len(work)))
+
+        def job(k: int, entry: PatchMutants) -> None:
+            worktree = pool.take()
+            try:
+                Git(worktree).run("checkout", "-q", "-f", "--detach", commits[k])
+                entry.baseline, entry.outcomes, entry.seconds = run_worker(
+                    project.root, worktree, entry.tests, entry.made, timeout
+                )
+            finally:
+                pool.give(worktree)
+
+        # The biggest patches first, so the pool ends together.
+        work.sort(key=lambda item: -len(item[1].made))
+        with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
+            for future in [executor.submit(job, k, e) for k, e in work]:
+                future.result()
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def _render_mutants(out: Output, result: MutantsResult) -> None:
+    rows = [
+        [
+            p.name,
+            str(len(p.made)),
+            str(p.killed),
+            str(sum(m.id in p.accepted for m in p.survivors)),
+            str(len(p.unaccepted)),
+            f"{p.seconds:.0f}s",
+            "ok"
+            if p.ok
+            else (
+                "tests fail unmutated"
+                if p.baseline == "killed"
+                else p.baseline
+                if p.baseline != "survived"
+                else "survivors"
+            ),  # fmt: skip
+        ]
+        for p in result.patches
+    ]
+    out.out.append(
+        table(
+            ["patch", "mutants", "killed", "accepted", "survived", "time", "verdict"],
+            rows,
+        )  # fmt: skip
+    )
+    for patch in result.patches:
+        for mutant in patch.unaccepted:
+            out.out.append(f"survived {mutant.id} {mutant.operator}: {mutant.diff}")
+            out.out.append(
+                f"  reproduce: xpu-series verify --mutants {patch.name[:4]} "
+                f"--mutant {mutant.id}"
+            )
+    out.out.append(f"total {result.seconds:.0f}s")
+    if not result.ok:
+        out.err.append(
+            f"hint: kill each survivor with a test of behaviour, or accept it with a "
+            f"reason in {ACCEPTED}"
+        )
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "patches", nargs="*", metavar="PATCH", help="prove only these (name or number)"
     )
     p.add_argument("-j", "--jobs", type=int, default=2, help="parallel pytest runs")
     p.add_argument("-v", "--verbose", action="store_true", help="show pytest output")
+    p.add_argument(
+        "--mutants",
+        action="store_true",
+        help="mutate the lines each patch adds; its tests must kill every mutant",
+    )
+    p.add_argument(
+        "--mutant", metavar="ID", default="", help="with --mutants: only this one"
+    )
+    p.add_argument(
+        "--fresh",
+        action="store_true",
+        help="run every test again instead of reusing outcomes of the same tree",
+    )
 
 
 def execute(ctx: Context) -> Output:
     project = ctx.project()
     args = ctx.args
-    result = run_verify(project, jobs=args.jobs, patches=args.patches)
+    if args.mutant and not args.mutants:
+        raise UsageError("--mutant ID goes with --mutants")
+    if args.mutants:
+        mutants = run_mutants(project, args.jobs, args.patches, args.mutant)
+        out = Output(data=mutants.to_json())
+        if not mutants.apply.ok:
+            out.out.append(render_report(mutants.apply))
+            problems_hint(out, mutants.apply.problems, "verify")
+        _render_mutants(out, mutants)
+        out.code = ExitCode.OK if mutants.ok else ExitCode.FAILED
+        return out
+    result = run_verify(project, args.jobs, args.patches, args.fresh)
     out = Output(data=result.to_json())
     if not result.apply.ok:
         out.out.append(render_report(result.apply))

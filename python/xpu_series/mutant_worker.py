@@ -1,0 +1,111 @@
+"""Runs one patch's tests against each of its mutants, in one interpreter: the
+heavy imports happen once, then every mutant runs in a fork that re-imports only
+sglang and the test modules (about half a second) with the mutated file in place.
+
+    python -m xpu_series.mutant_worker SPEC.json RESULTS.jsonl
+
+SPEC: {"root", "python", "tests", "timeout", "mutants": [{"id", "path", "code"}]}.
+Each result line: {"id", "outcome": killed|survived|timeout, "seconds"}; a first
+line with id "baseline" says whether the unmutated tests pass.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _purge(root: Path) -> None:
+    """Forget sglang and the test modules, so the child imports them afresh."""
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if (
+            name == "sglang"
+            or name.startswith("sglang.")
+            or path.startswith(str(root / "test"))
+        ):
+            del sys.modules[name]
+
+
+def _run_child(root: Path, tests: list[str], prefix: str) -> None:
+    """In the forked child: fresh imports, quiet pytest, exit with its code."""
+    import pytest
+
+    sys.dont_write_bytecode = True
+    # A mutant of the same size written in the same second must not be served
+    # from an old .pyc: look for bytecode in an empty folder only.
+    sys.pycache_prefix = prefix
+    _purge(root)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+    code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly",
+                        "--rootdir", str(root), *tests])  # fmt: skip
+    os._exit(int(code))
+
+
+def _run(root: Path, tests: list[str], timeout: float) -> tuple[str, float]:
+    start = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="xpu-mutant-pyc-") as prefix:
+        pid = os.fork()
+        if pid == 0:
+            try:
+                _run_child(root, tests, prefix)
+            finally:
+                os._exit(70)
+        while True:
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            if time.monotonic() - start > timeout:
+                os.kill(pid, signal.SIGKILL)
+                os.waitpid(pid, 0)
+                return "timeout", time.monotonic() - start
+            time.sleep(0.02)
+    code = os.waitstatus_to_exitcode(status)
+    return ("survived" if code == 0 else "killed"), time.monotonic() - start
+
+
+def main(argv: list[str]) -> int:
+    spec = json.loads(Path(argv[0]).read_text())
+    results = Path(argv[1])
+    root, python = Path(spec["root"]), Path(spec["python"])
+    sys.path.insert(0, str(python))
+    os.chdir(root)
+    tests = spec["tests"]
+    import pytest
+
+    # Import once what every run needs (torch, transformers, sglang, the tests).
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        pytest.main(["-q", "--co", "-p", "no:cacheprovider", "--rootdir", str(root),
+                     *tests])  # fmt: skip
+    with results.open("w") as out:
+        baseline, seconds = _run(root, tests, spec["timeout"] * 4)
+        out.write(json.dumps({"id": "baseline", "outcome": baseline,
+                              "seconds": seconds}) + "\n")  # fmt: skip
+        out.flush()
+        if baseline != "survived":
+            return 1
+        timeout = max(spec["timeout"], seconds * 3 + 10)
+        for mutant in spec["mutants"]:
+            path = python.parent / mutant["path"]
+            original = path.read_bytes()
+            try:
+                path.write_text(mutant["code"], encoding="utf-8")
+                outcome, seconds = _run(root, tests, timeout)
+            finally:
+                path.write_bytes(original)
+            out.write(json.dumps({"id": mutant["id"], "outcome": outcome,
+                                  "seconds": round(seconds, 2)}) + "\n")  # fmt: skip
+            out.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
