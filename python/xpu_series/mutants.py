@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import copy
+import dataclasses
 import difflib
 import hashlib
 import json
@@ -64,13 +65,20 @@ class Mutant:
     before: str
     after: str
     code: str  # the whole mutated file
+    nth: int = 0  # tells apart identical changes on different lines
 
     @property
     def id(self) -> str:
         """Stable across line moves: what changed, not where."""
         h = hashlib.sha256(
             "\0".join(
-                (self.path, self.operator, self.before.strip(), self.after.strip())
+                (
+                    self.path,
+                    self.operator,
+                    self.before.strip(),
+                    self.after.strip(),
+                    str(self.nth),
+                )
             ).encode()
         )
         return h.hexdigest()[:10]
@@ -188,6 +196,10 @@ def _statement_lines(source: str) -> dict[int, ast.stmt]:
     return out
 
 
+def _is_docstring(node: ast.stmt) -> bool:
+    return isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+
+
 def _compare_ops(source: str) -> list[str]:
     try:
         tree = ast.parse(source)
@@ -252,6 +264,8 @@ def _line_mutants(source: str, path: str, lines: set[int]) -> Iterator[Mutant]:
         if (
             node is not None
             and following is not None
+            and not _is_docstring(node)
+            and not _is_docstring(following)
             and number + 1 in lines
             and following.col_offset == node.col_offset
             and text[number].strip() != stripped
@@ -272,6 +286,7 @@ def _line_mutants(source: str, path: str, lines: set[int]) -> Iterator[Mutant]:
 def mutants_of(source: str, path: str, lines: set[int]) -> list[Mutant]:
     """Every mutant of `source` that changes one of `lines`, without duplicates."""
     seen: set[str] = set()
+    ids: set[str] = set()
     out: list[Mutant] = []
     for mutant in [
         *_cosmic_ray_mutants(source, path, lines),
@@ -280,6 +295,9 @@ def mutants_of(source: str, path: str, lines: set[int]) -> list[Mutant]:
         if mutant.code in seen or mutant.line not in lines and not mutant.before:
             continue
         seen.add(mutant.code)
+        while mutant.id in ids:
+            mutant = dataclasses.replace(mutant, nth=mutant.nth + 1)
+        ids.add(mutant.id)
         out.append(mutant)
     return out
 

@@ -17,12 +17,26 @@ register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 START_LAYER = 14  # a later pipeline stage: layers 14.. live in this rank's pool
 
 
-class _ValueBufferRead(Exception):
-    """Raised by the fake pool so construction stops at the read under test."""
+# The stage's value buffers are (tokens, kv heads, v_head_dim); every dim differs.
+VALUE_BUFFER_SHAPE = (7, 2, 24)
 
-    def __init__(self, layer_id: int) -> None:
-        super().__init__(layer_id)
+
+class _ValueBufferRead(Exception):
+    """Raised by the fake pool so construction stops at the read under test,
+    carrying which layer's buffer was read and the size taken from its shape."""
+
+    def __init__(self, layer_id: int, size: int) -> None:
+        super().__init__(layer_id, size)
         self.layer_id = layer_id
+        self.size = size
+
+
+class _ShapeProbe:
+    def __init__(self, layer_id: int) -> None:
+        self.layer_id = layer_id
+
+    def __getitem__(self, index: int) -> int:
+        raise _ValueBufferRead(self.layer_id, VALUE_BUFFER_SHAPE[index])
 
 
 class _StagePool:
@@ -31,7 +45,7 @@ class _StagePool:
     start_layer = START_LAYER
 
     def get_value_buffer(self, layer_id: int):
-        raise _ValueBufferRead(layer_id)
+        return SimpleNamespace(shape=_ShapeProbe(layer_id))
 
 
 def _model_runner() -> SimpleNamespace:
@@ -63,17 +77,18 @@ _BAGS = dict(
 
 
 class TestValueBufferStartLayer(CustomTestCase):
-    def _layer_read(self, construct) -> int:
+    def _layer_read(self, construct) -> tuple[int, int]:
+        """(layer whose value buffer was read, v_head_dim taken from it)."""
         with self.assertRaises(_ValueBufferRead) as ctx:
             construct(_model_runner())
-        return ctx.exception.layer_id
+        return ctx.exception.layer_id, ctx.exception.size
 
     def test_aiter_reads_the_stage_start_layer(self):
         from sglang.srt.layers.attention import aiter_backend
 
         with mock.patch.multiple(aiter_backend, **_BAGS):
             layer = self._layer_read(aiter_backend.AiterAttnBackend)
-        self.assertEqual(layer, START_LAYER)
+        self.assertEqual(layer, (START_LAYER, VALUE_BUFFER_SHAPE[-1]))
 
     def test_wave_reads_the_stage_start_layer(self):
         # wave_lang and the wave kernels exist only on ROCm; stand in for the
@@ -106,7 +121,7 @@ class TestValueBufferStartLayer(CustomTestCase):
                 get_exec=lambda: exec_cfg,
             ):
                 layer = self._layer_read(wave_backend.WaveAttnBackend)
-        self.assertEqual(layer, START_LAYER)
+        self.assertEqual(layer, (START_LAYER, VALUE_BUFFER_SHAPE[-1]))
 
 
 if __name__ == "__main__":

@@ -68,13 +68,18 @@ def _backend() -> xpu_backend.XPUAttentionBackend:
         swa_spec_metadata=None,
         swa_page_table=None,
         swa_out_cache_loc=None,
+        # Cross-attention layers read the encoder's slice of the cache.
+        encoder_page_table=torch.zeros(1, 4, dtype=torch.int32),
+        encoder_lens_int32=torch.tensor([TOKENS], dtype=torch.int32),
+        encoder_cu_seqlens_k=torch.tensor([0, TOKENS], dtype=torch.int32),
+        encoder_max_seq_len_k=TOKENS,
     )
     return backend
 
 
-def _layer(attn_type: AttentionType) -> SimpleNamespace:
+def _layer(attn_type: AttentionType, cross: bool = False) -> SimpleNamespace:
     return SimpleNamespace(
-        is_cross_attention=False,
+        is_cross_attention=cross,
         attn_type=attn_type,
         sliding_window_size=None,
         tp_q_head_num=HEADS,
@@ -93,7 +98,9 @@ def _layer(attn_type: AttentionType) -> SimpleNamespace:
 class TestXPUAttentionCausalFlag(CustomTestCase):
     """The `causal` kwarg that reaches flash_attn_with_kvcache, per layer type."""
 
-    def _causal_seen(self, attn_type: AttentionType, mode: ForwardMode) -> bool:
+    def _causal_seen(
+        self, attn_type: AttentionType, mode: ForwardMode, cross: bool = False
+    ) -> bool:
         seen: list[bool] = []
 
         def kernel(**kwargs):
@@ -103,33 +110,43 @@ class TestXPUAttentionCausalFlag(CustomTestCase):
 
         backend = _backend()
         batch = SimpleNamespace(forward_mode=mode, spec_info=None, batch_size=1)
-        rows = TOKENS if mode == ForwardMode.EXTEND else 1
+        # EXTEND and TARGET_VERIFY (the mode DFLASH verifies drafts in) run
+        # forward_extend over several tokens; DECODE runs forward_decode.
+        extend = mode != ForwardMode.DECODE
+        rows = TOKENS if extend else 1
         q = torch.zeros(rows, HEADS * HEAD_DIM)
-        forward = (
-            backend.forward_extend
-            if mode == ForwardMode.EXTEND
-            else backend.forward_decode
-        )
+        forward = backend.forward_extend if extend else backend.forward_decode
+        layer = _layer(attn_type, cross)
         with mock.patch.object(xpu_backend, "flash_attn_with_kvcache", kernel):
-            forward(q, None, None, _layer(attn_type), batch, save_kv_cache=False)
+            forward(q, None, None, layer, batch, save_kv_cache=False)
         self.assertEqual(len(seen), 1, "expected exactly one kernel call")
         return seen[0]
 
+    MODES = (ForwardMode.EXTEND, ForwardMode.TARGET_VERIFY, ForwardMode.DECODE)
+
     def test_decoder_layers_stay_causal(self):
-        for mode in (ForwardMode.EXTEND, ForwardMode.DECODE):
+        for mode in self.MODES:
             with self.subTest(mode=mode):
                 self.assertTrue(self._causal_seen(AttentionType.DECODER, mode))
 
     def test_encoder_only_layers_are_not_causal(self):
-        for mode in (ForwardMode.EXTEND, ForwardMode.DECODE):
+        for mode in self.MODES:
             with self.subTest(mode=mode):
                 self.assertFalse(self._causal_seen(AttentionType.ENCODER_ONLY, mode))
 
     def test_bidirectional_decoder_layers_are_not_causal(self):
-        for mode in (ForwardMode.EXTEND, ForwardMode.DECODE):
+        for mode in self.MODES:
             with self.subTest(mode=mode):
                 self.assertFalse(
                     self._causal_seen(AttentionType.DECODER_BIDIRECTIONAL, mode)
+                )
+
+    def test_cross_attention_layers_stay_non_causal(self):
+        # What 0.5.19 already did for cross-attention must survive the change.
+        for mode in self.MODES:
+            with self.subTest(mode=mode):
+                self.assertFalse(
+                    self._causal_seen(AttentionType.DECODER, mode, cross=True)
                 )
 
 

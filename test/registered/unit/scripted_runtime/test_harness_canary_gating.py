@@ -74,6 +74,16 @@ class TestSpawnServerProcess(CustomTestCase):
         self.assertEqual({k: launch[k] for k in CANARY}, CANARY)
         self.assertTrue(launch["disable_prefill_cuda_graph"])
 
+    def test_explicit_canary_kwargs_win_over_the_harness_defaults_on_cuda(self):
+        # On CUDA the harness fills in its own canary knobs; a caller's value
+        # for the same knob must replace it, not be replaced by it.
+        launch = self._launch(
+            device="cuda", model_path="m", kv_canary="log", kv_canary_sweep_interval=7
+        )
+        self.assertEqual(launch["kv_canary"], "log")
+        self.assertEqual(launch["kv_canary_sweep_interval"], 7)
+        self.assertEqual(launch["kv_canary_real_data"], CANARY["kv_canary_real_data"])
+
     def test_explicit_canary_request_on_xpu_is_honoured(self):
         launch = self._launch(device="xpu", model_path="m", kv_canary="raise")
         self.assertEqual(launch["kv_canary"], "raise")

@@ -90,6 +90,43 @@ class TestPosterFuture(CustomTestCase):
             future = self.poster.submit_coro(self.poster.post("http://unused", {}))
             self.assertIsNone(future.result(timeout=5))
 
+    def _post_answering(self, status: int, body: bytes):
+        class Response:
+            async def read(self):
+                return body
+
+        Response.status = status
+
+        class PostContext:
+            async def __aenter__(self):
+                return Response()
+
+            async def __aexit__(self, *exc):
+                return False
+
+        session = SimpleNamespace(closed=False, post=lambda url, json: PostContext())
+        # The fake session must stay in place until the loop has run the POST.
+        with mock.patch.object(self.poster, "_ensure_session", return_value=session):
+            future = self.poster.submit_coro(self.poster.post("http://fake", {}))
+            try:
+                return future.result(timeout=5)
+            except RuntimeError as exc:
+                return exc
+
+    def test_statuses_below_400_are_not_errors(self):
+        for status in (200, 204, 399):
+            with self.subTest(status=status):
+                self.assertIsNone(self._post_answering(status, b"fine"))
+
+    def test_the_error_carries_the_first_500_characters_of_the_body(self):
+        body = b"a" * 500 + b"b" * 100
+        error = self._post_answering(503, body)
+        self.assertIsInstance(error, RuntimeError)
+        message = str(error)
+        self.assertTrue(message.startswith("HTTP 503 from http://fake: "))
+        self.assertTrue(message.endswith("a" * 500))
+        self.assertNotIn("b", message.split(": ", 1)[1])
+
     def test_log_callback_still_works_unbound(self):
         failed: Future = Future()
         failed.set_exception(RuntimeError("boom"))
@@ -132,6 +169,13 @@ class TestPosterFuture(CustomTestCase):
     def test_timeout_after_an_accepted_post_says_so(self):
         message = self._await("/ok")
         self.assertIn("POST /ok succeeded, but the server sent no matching", message)
+
+    def test_timeout_after_a_cancelled_post_says_so(self):
+        cancelled: Future = Future()
+        cancelled.cancel()
+        with mock.patch.object(http_post, "_submit_post", return_value=cancelled):
+            message = self._await("/gone")
+        self.assertIn("POST /gone was cancelled", message)
 
     def test_fire_and_forget_ignores_the_outcome(self):
         with self.assertLogs(

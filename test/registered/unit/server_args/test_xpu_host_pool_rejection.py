@@ -52,7 +52,17 @@ class TestXpuHostPoolRejection(CustomTestCase):
                     handle_cache_compatibility(self._args("xpu", **fields))
                 message = str(ctx.exception)
                 self.assertTrue(message.startswith(f"{flag} is not supported on XPU"))
-                self.assertIn("kvcacheio", message)
+                self.assertIn("binds its page movers (kvcacheio) only on CUDA", message)
+
+    def test_cpu_device_on_an_xpu_host_is_unaffected(self):
+        # Keyed on the resolved device, not the hardware probe: --device cpu on
+        # an XPU machine keeps every opt-in.
+        from sglang.srt.runtime_context import override_platform
+
+        with override_platform(is_xpu=True, is_cuda=False, is_hip=False):
+            for flag, fields in OPT_INS.items():
+                with self.subTest(flag=flag):
+                    handle_cache_compatibility(self._args("cpu", **fields))
 
     def test_same_opt_ins_pass_on_cuda(self):
         for flag, fields in OPT_INS.items():

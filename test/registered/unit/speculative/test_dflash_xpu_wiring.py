@@ -1,11 +1,9 @@
 """DFLASH on XPU: device gate, draft attention backend choices and fallbacks."""
 
-import ast
-import inspect
+import dataclasses
 import logging
 import shutil
 import tempfile
-import textwrap
 import unittest
 from pathlib import Path
 from types import SimpleNamespace
@@ -21,16 +19,12 @@ maybe_stub_sgl_kernel()
 
 from sglang.srt.arg_groups import speculative_hook  # noqa: E402
 from sglang.srt.arg_groups.overrides import resolved_view  # noqa: E402
-from sglang.srt.layers.attention.xpu_backend import XPUAttentionBackend  # noqa: E402
 from sglang.srt.runtime_context import override_platform  # noqa: E402
 from sglang.srt.server_args import (  # noqa: E402
     DRAFT_ATTENTION_BACKEND_CHOICES,
     ServerArgs,
 )
 from sglang.srt.speculative import draft_worker_common  # noqa: E402
-from sglang.srt.speculative.dflash_utils import (  # noqa: E402
-    resolve_dflash_verify_mask_policy,
-)
 
 # A model folder needs only a config.json: no weights, no tokenizer.
 TINY_CONFIG = Path(__file__).resolve().parents[1] / "tiny_qwen3_config.json"
@@ -136,7 +130,9 @@ class TestGenericDraftWorkerFallback(CustomTestCase):
         self.assertEqual(self._fallback("intel_xpu", is_xpu=True), "intel_xpu")
 
     def test_xpu_falls_back_to_triton(self):
-        self.assertEqual(self._fallback(None, is_xpu=True), "triton")
+        # Nothing was asked for: the fallback is silent, not a warning.
+        with self.assertNoLogs(draft_worker_common.logger, logging.WARNING):
+            self.assertEqual(self._fallback(None, is_xpu=True), "triton")
 
     def test_xpu_unknown_backend_warns_and_falls_back_to_triton(self):
         with self.assertLogs(draft_worker_common.logger, logging.WARNING) as logs:
@@ -150,50 +146,97 @@ class TestGenericDraftWorkerFallback(CustomTestCase):
         self.assertEqual(self._fallback(None, hip="6.4"), "triton")
 
 
-class TestDflashVerifyMaskPolicy(CustomTestCase):
-    def test_xpu_backend_skips_the_custom_mask(self):
-        backend = XPUAttentionBackend.__new__(XPUAttentionBackend)
-        self.assertEqual(
-            resolve_dflash_verify_mask_policy(backend), ("XPUAttentionBackend", False)
-        )
-
-    def test_wrapped_xpu_backend_skips_the_custom_mask(self):
-        inner = XPUAttentionBackend.__new__(XPUAttentionBackend)
-        wrapper = SimpleNamespace(full_attn_backend=inner)
-        self.assertEqual(
-            resolve_dflash_verify_mask_policy(wrapper), ("XPUAttentionBackend", False)
-        )
-
-    def test_unknown_backend_still_builds_the_mask(self):
-        self.assertEqual(resolve_dflash_verify_mask_policy(object()), ("object", True))
+@dataclasses.dataclass(frozen=True)
+class _ParallelState:
+    tp_rank: int = 1  # not rank 0: no start-up log lines
+    pp_rank: int = 0
+    pp_size: int = 1
 
 
 class TestDflashWorkerFastPaths(CustomTestCase):
-    """DFlashWorkerV2.__init__ is too heavy to build on CPU; read its gates instead."""
+    """DFlashWorkerV2.__init__ run for real, with its boundaries faked: the
+    hardware probes, the draft model build and the GPU fused-KV helper."""
 
-    def _gate_calls(self, target: str) -> set[str]:
-        from sglang.srt.speculative.dflash_worker_v2 import DFlashWorkerV2
+    PLATFORMS = {
+        "cuda": dict(is_cuda=True, is_hip=False, is_xpu=False),
+        "rocm": dict(is_cuda=False, is_hip=True, is_xpu=False),
+        "xpu": dict(is_cuda=False, is_hip=False, is_xpu=True),
+        "cpu": dict(is_cuda=False, is_hip=False, is_xpu=False),
+    }
 
-        tree = ast.parse(textwrap.dedent(inspect.getsource(DFlashWorkerV2.__init__)))
-        for node in ast.walk(tree):
-            if not isinstance(node, ast.Assign):
-                continue
-            names = {ast.unparse(t) for t in node.targets}
-            if target in names:
-                return {
-                    call.func.id
-                    for call in ast.walk(node.value)
-                    if isinstance(call, ast.Call) and isinstance(call.func, ast.Name)
-                }
-        self.fail(f"no assignment to {target} in DFlashWorkerV2.__init__")
+    def _construct(self, platform: str):
+        from sglang.srt.speculative import dflash_worker_v2 as module
 
-    def test_fused_kv_materialize_enabled_on_xpu(self):
-        calls = self._gate_calls("self._use_fused_kv_materialize")
-        self.assertEqual(calls, {"is_cuda", "is_hip", "is_xpu"})
+        draft_model = SimpleNamespace(
+            candidate_selector=None, set_block_size=lambda size: None, block_size=4
+        )
+        bundle = SimpleNamespace(
+            draft_worker=None,
+            draft_model_runner=SimpleNamespace(
+                model_config=SimpleNamespace(hf_config=None)
+            ),
+            draft_model=draft_model,
+            resolved_attention_backend="triton",
+        )
+        draft_config = SimpleNamespace(
+            resolve_block_size=lambda default: 4,
+            block_size=4,
+            mask_token="<mask>",
+            mask_token_id=5,
+        )
+        target_worker = SimpleNamespace(
+            model_runner=SimpleNamespace(
+                model_config=SimpleNamespace(vocab_size=100), model=SimpleNamespace()
+            ),
+            device="cpu",
+        )
+        probes = {
+            name: mock.patch.object(module, name, return_value=value)
+            for name, value in self.PLATFORMS[platform].items()
+        }
+        helper = mock.patch.object(module.DFlashWorkerV2, "_init_fused_kv_helper")
+        with (
+            mock.patch.object(
+                module, "get_schedule", return_value=SimpleNamespace(page_size=1)
+            ),
+            mock.patch.object(
+                module,
+                "get_spec",
+                return_value=SimpleNamespace(
+                    speculative_draft_window_size=None,
+                    speculative_num_draft_tokens=4,
+                ),
+            ),
+            mock.patch.object(module, "get_tp_group", return_value=None),
+            mock.patch.object(module, "SpecTpSync"),
+            mock.patch.object(module, "build_draft_tp_worker", return_value=bundle),
+            mock.patch.object(
+                module, "parse_dflash_draft_config", return_value=draft_config
+            ),
+            probes["is_cuda"],
+            probes["is_hip"],
+            probes["is_xpu"],
+            helper as init_helper,
+        ):
+            worker = module.DFlashWorkerV2(
+                server_args=SimpleNamespace(),
+                gpu_id=0,
+                ps=_ParallelState(),
+                nccl_port=0,
+                target_worker=target_worker,
+            )
+        return worker, init_helper.call_count
 
-    def test_triton_fast_paths_enabled_on_xpu(self):
-        calls = self._gate_calls("supports_gpu_triton")
-        self.assertEqual(calls, {"is_cuda", "is_hip", "is_xpu"})
+    def test_gpu_fast_paths_are_on_for_cuda_rocm_and_xpu_only(self):
+        for platform in self.PLATFORMS:
+            with self.subTest(platform=platform):
+                worker, helper_builds = self._construct(platform)
+                on = platform != "cpu"
+                self.assertIs(worker._use_fused_kv_materialize, on)
+                self.assertEqual(helper_builds, 1 if on else 0)
+                self.assertIs(worker._use_triton_prepare_block, on)
+                self.assertIs(worker._use_triton_accept_bonus, on)
+                self.assertIs(worker._use_triton_compact_rebuild, on)
 
 
 if __name__ == "__main__":

@@ -38,6 +38,16 @@ class _WithAllocatorHooks:
         self.reserved = self.after_empty
 
 
+class _EmptyCacheOnly:
+    """A device module like torch.mps: empty_cache, but no memory_reserved."""
+
+    def __init__(self) -> None:
+        self.empty_calls = 0
+
+    def empty_cache(self) -> None:
+        self.empty_calls += 1
+
+
 class TestDeviceMemoryReserved(CustomTestCase):
     def test_missing_hook_reads_zero(self):
         self.assertEqual(common.device_memory_reserved(_NoAllocatorHooks()), 0)
@@ -93,6 +103,14 @@ class TestContinueGenerationReclaimLog(CustomTestCase):
         self.assertIn("reserved 300.0 MB -> 100.0 MB (freed 200.0 MB)", text)
         self.assertNotIn("torch.cuda", text)
         self.assertEqual(module.empty_calls, 1)
+
+    def test_unmeasurable_device_says_unknown_without_figures(self):
+        module = _EmptyCacheOnly()
+        text = self._continue(module)
+        self.assertEqual(module.empty_calls, 1)
+        self.assertIn("amount released is unknown", text)
+        self.assertNotIn(" MB", text)
+        self.assertNotIn("no empty_cache hook", text)
 
     def test_no_hook_says_nothing_was_released(self):
         text = self._continue(_NoAllocatorHooks())
