@@ -271,7 +271,14 @@ def _line_mutants(source: str, path: str, lines: set[int]) -> Iterator[Mutant]:
             and text[number].strip() != stripped
         ):
             swapped = [*text[: number - 1], text[number], raw, *text[number + 1 :]]
-            yield from make("xpu/SwapStatements", swapped)
+            mutated = "".join(swapped)
+            if _compiles(mutated, path):
+                # A swap reads best as both lines, in both orders.
+                second = text[number].strip()
+                yield Mutant(
+                    path, "xpu/SwapStatements", number,
+                    f"{stripped} ; {second}", f"{second} ; {stripped}", mutated,
+                )  # fmt: skip
         for match in re.finditer(r"(?<![\w.])(not in|in)(?= )", raw):
             flipped = "in" if match.group(1) == "not in" else "not in"
             new = raw[: match.start()] + flipped + raw[match.end() :]
