@@ -197,6 +197,28 @@ def declared_absorbed(patch: Patch, upstream_version: str | None) -> str:
     )
 
 
+def settle(
+    git: Git,
+    patch: Patch,
+    status: PatchStatus,
+    detail: str,
+    upstream_version: str | None,
+) -> tuple[PatchStatus, str]:
+    """Apply the header's `Applied-Upstream: X` on release X or later: the patch
+    is absorbed there whatever its text does. If it still applied, its commit is
+    taken back (upstream has the behaviour; the text need not match).
+    """
+    claim = declared_absorbed(patch, upstream_version)
+    if not claim:
+        return status, detail
+    if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
+        git.run("reset", "-q", "--hard", "HEAD~1")
+        return PatchStatus.ABSORBED, f"{claim}; it still applied, its header retires it"
+    if status in (PatchStatus.CONFLICT, PatchStatus.PARTIAL):
+        return PatchStatus.ABSORBED, claim
+    return status, detail
+
+
 def _last_line(text: str) -> str:
     lines = [line for line in text.strip().splitlines() if line.strip()]
     return lines[-1] if lines else ""
@@ -250,10 +272,7 @@ def apply_patches(
                 )
                 continue
             status, detail = commit_patch(git, patch, exact=exact)
-            if status in (PatchStatus.CONFLICT, PatchStatus.PARTIAL):
-                claim = declared_absorbed(patch, upstream_version)
-                if claim:
-                    status, detail = PatchStatus.ABSORBED, claim
+            status, detail = settle(git, patch, status, detail, upstream_version)
             commit = ""
             if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
                 last_good = commit = git.out("rev-parse", "HEAD")

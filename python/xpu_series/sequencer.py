@@ -16,7 +16,6 @@ from xpu_series.engine import (
     _abort_am,
     _am_in_progress,
     classify_patch,
-    declared_absorbed,
     files_with_markers,
     stop_with_markers,
     unmerged_paths,
@@ -210,10 +209,7 @@ class Runner:
                 if self.on_patch:
                     self.on_patch(patch, len(op.done), total)
                 status, detail = engine.commit_patch(git, patch, exact=exact)
-                if status in (PatchStatus.CONFLICT, PatchStatus.PARTIAL):
-                    claim = declared_absorbed(patch, version)
-                    if claim:
-                        status, detail = PatchStatus.ABSORBED, claim
+                status, detail = engine.settle(git, patch, status, detail, version)
                 if not status.ok:
                     return self._stop(patch, status, detail)
                 commit = ""

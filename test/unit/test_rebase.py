@@ -296,3 +296,25 @@ def test_retired_patch_tests_are_run_on_the_new_base(
     verdicts = {r["name"]: r["tests_on_new_base"] for r in retired}
     assert verdicts["0001-raise-value.patch"].startswith("pass on the new base")
     assert verdicts["0002-raise-the-limit.patch"].startswith("fail on the new base")
+
+
+def test_applied_upstream_retires_a_patch_that_still_applies(
+    project: Project, tmp_path: Path
+) -> None:
+    # A stop-gap for one release (say, refusing what the next release supports)
+    # still applies there; its Applied-Upstream field is what retires it.
+    project.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise the limit",
+        Applied_Upstream="0.0.2",
+    )  # fmt: skip
+    result = project.run(
+        "rebase", "--onto", "0.0.2", "--wheel", str(newer(tmp_path)), "--json"
+    )
+    assert result.code == 0, result.err
+    (outcome,) = json.loads(result.out)["patches"]
+    assert outcome["status"] == "absorbed"
+    assert "its header retires it" in outcome["detail"]
+    assert (project.patches / "upstreamed" / "0001-raise-the-limit.patch").is_file()
+    assert git(project.tree, "rev-parse", "HEAD") == git(
+        project.tree, "rev-parse", "upstream"
+    )

@@ -21,7 +21,6 @@ from typing import Any
 from xpu_series import engine
 from xpu_series.commands import Context, Output
 from xpu_series.commands.check import run_check
-from xpu_series.engine import declared_absorbed
 from xpu_series.errors import UsageError
 from xpu_series.git import Git
 from xpu_series.lock import tree_lock
@@ -195,13 +194,10 @@ def _best_effort_tree(
         steps: list[tuple[str, str]] = []
         head = base.commit
         for patch in project.series().patches:
-            status, _detail = engine.commit_patch(
+            status, detail = engine.commit_patch(
                 git, patch, exact=version == project.pin.version
             )
-            if status in (PatchStatus.CONFLICT, PatchStatus.PARTIAL) and (
-                declared_absorbed(patch, version)
-            ):
-                status = PatchStatus.ABSORBED
+            status, _detail = engine.settle(git, patch, status, detail, version)
             if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
                 head = git.out("rev-parse", "HEAD")
             steps.append((str(status), head))
