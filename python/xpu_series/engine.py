@@ -191,10 +191,7 @@ def declared_absorbed(patch: Patch, upstream_version: str | None) -> str:
     have, want = version_tuple(applied), version_tuple(upstream_version or "")
     if have is None or want is None or want < have:
         return ""
-    return (
-        f"Applied-Upstream: {applied} (<= {upstream_version}); "
-        "upstream's text differs, drop this patch on a rebase"
-    )
+    return f"Applied-Upstream: {applied} (<= {upstream_version})"
 
 
 def settle(
@@ -213,9 +210,12 @@ def settle(
         return status, detail
     if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
         git.run("reset", "-q", "--hard", "HEAD~1")
-        return PatchStatus.ABSORBED, f"{claim}; it still applied, its header retires it"
+        return (
+            PatchStatus.ABSORBED,
+            f"{claim}; its text still applies: its header retires it",
+        )
     if status in (PatchStatus.CONFLICT, PatchStatus.PARTIAL):
-        return PatchStatus.ABSORBED, claim
+        return PatchStatus.ABSORBED, f"{claim}; upstream's text differs"
     return status, detail
 
 
