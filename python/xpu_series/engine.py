@@ -73,8 +73,13 @@ def _three_way_in_scratch_index(git: Git, patch: Path) -> bool:
         return result.ok
 
 
-def classify_patch(git: Git, patch: Patch) -> PatchStatus:
-    """What applying `patch` on HEAD would give, without changing the tree."""
+def classify_patch(
+    git: Git, patch: Patch, upstream_version: str | None = None
+) -> PatchStatus:
+    """What applying `patch` on HEAD would give, without changing the tree (a
+    header's `Applied-Upstream:` at or below `upstream_version` says absorbed)."""
+    if declared_absorbed(patch, upstream_version):
+        return PatchStatus.ABSORBED
     if _check_apply(git, patch.path):
         return PatchStatus.APPLIED
     if _check_apply(git, patch.path, "-R"):
@@ -262,7 +267,7 @@ def apply_patches(
                         )
                     )
                     continue
-                status = classify_patch(git, patch)
+                status = classify_patch(git, patch, upstream_version)
                 outcomes.append(
                     PatchOutcome(
                         **base,
