@@ -250,8 +250,8 @@ class Runner:
                 rest.append(PatchOutcome(**base, status=PatchStatus.SKIPPED,
                             detail=f"touches a file of {patch.name}"))  # fmt: skip
                 continue
-            status = classify_patch(self.git, other, self.op.target.get("version"))
-            rest.append(PatchOutcome(**base, status=status,
+            seen = classify_patch(self.git, other, self.op.target.get("version"))
+            rest.append(PatchOutcome(**base, status=seen,
                         detail=f"checked only: stopped at {patch.name}"))  # fmt: skip
         files = stop_with_markers(self.git, patch)
         self.op.current = patch.name
