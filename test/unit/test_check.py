@@ -202,3 +202,18 @@ def test_matrix_asks_the_index_for_newer_releases(
     offline = three_patches.run("matrix")
     assert offline.code == 1
     assert "could not reach the package index to list sglang releases" in offline.err
+
+
+def test_an_unchanged_scratch_tree_answers_from_its_record(
+    three_patches: Project,
+) -> None:
+    first = json.loads(three_patches.run("check", "--json").out)
+    again = json.loads(three_patches.run("check", "--json").out)
+    assert "unchanged since the last run" in " ".join(again["notes"])
+    assert again["patches"] == first["patches"]
+    # Any change to the series is a new question: applied again, new answer.
+    p2 = three_patches.patches / "0002-fix-the-answer.patch"
+    p2.write_text(p2.read_text().replace("-    return 41", "-    return 40"))
+    changed = json.loads(three_patches.run("check", "--json").out)
+    assert "unchanged since the last run" not in " ".join(changed["notes"])
+    assert changed["patches"][1]["status"] == "conflict"

@@ -46,6 +46,7 @@ from xpu_series.tree import (
     materialize_base,
     read_record,
     repair,
+    write_record,
 )
 from xpu_series.ui import render_report
 from xpu_series.wheel import fetch_wheel
@@ -163,24 +164,74 @@ def link_venv(project: Project, tree: Path) -> Path | None:
     return pth
 
 
+# Bumped whenever what a scratch run reports changes, so no old answer is reused.
+SCRATCH_FORMAT = "1"
+
+
+def scratch_key(wheel_sha: str, series: Series) -> str:
+    """What a scratch tree's answer depends on: the base, the series, the engine."""
+    return f"{SCRATCH_FORMAT}:{wheel_sha}:{series.digest()}"
+
+
+def reusable(git: Git, key: str, slot: str) -> dict | None:
+    """The answer a scratch tree recorded under `slot` for `key`, if the tree is
+    still exactly as that run left it (same HEAD, nothing changed)."""
+    if not git.is_repo() or (git.repo / ".git" / "index.lock").exists():
+        return None
+    saved = read_record(git).get(slot)
+    if not saved or saved.get("key") != key or git.rev("HEAD") != saved.get("head"):
+        return None
+    if git.run("status", "--porcelain", check=False).stdout.strip():
+        return None
+    return saved
+
+
+def remember(git: Git, key: str, slot: str, data: dict) -> None:
+    record = read_record(git)
+    record[slot] = {"key": key, "head": git.rev("HEAD"), **data}
+    write_record(git, record)
+
+
 def _run_scratch(
     project: Project, options: ApplyOptions, series: Series, on_patch: ProgressHook
 ) -> Report:
-    """Apply into a tree the tool owns and report every patch (no stopping)."""
+    """Apply into a tree the tool owns and report every patch (no stopping).
+
+    An unchanged tree for the same wheel and series answers from its record: a
+    warm check or matrix applies nothing again.
+    """
     tree = options.tree
     prefixes = allowed_prefixes(project)
     with tree_lock(tree, "xpu-series apply (scratch)"):
         git = Git(tree)
         notes: list[str] = []
-        if git.is_repo():
-            repair(git)
-            git.run("clean", "-q", "-fdx")
         pin = project.pin.for_version(options.version or project.pin.version)
         wheel = fetch_wheel(
             pin, project.cache_dir, local=options.wheel, progress=options.progress
         )
-        base: BaseInfo = materialize_base(wheel, pin, tree, project.cache_dir)
         upstream = UpstreamInfo(wheel.version, wheel.sha256, pinned=pin.pinned)
+        key = scratch_key(wheel.sha256, series)
+        saved = reusable(git, key, "scratch_report")
+        if saved is not None:
+            outcomes = [
+                PatchOutcome(
+                    o["name"],
+                    PatchStatus(o["status"]),
+                    o["concern"],
+                    tuple(o["files"]),
+                    o["detail"],
+                    o["commit"],
+                )  # fmt: skip
+                for o in saved["patches"]
+            ]
+            notes.append("unchanged since the last run: its answer is reused")
+            return Report(
+                upstream, outcomes, notes=notes, tree=str(tree), head=saved["head"]
+            )
+        if git.is_repo():
+            repair(git)
+            git.run("clean", "-q", "-fdx")
+        base: BaseInfo = materialize_base(wheel, pin, tree, project.cache_dir)
         notes.append(f"base from {base.source} ({base.commit[:12]})")
         unsafe = static_problems(series, tree, prefixes)
         if unsafe:
@@ -197,6 +248,8 @@ def _run_scratch(
             on_patch=on_patch,
         )
         head = git.out("rev-parse", "HEAD")
+        remember(git, key, "scratch_report",
+                 {"patches": [o.to_json() for o in outcomes]})  # fmt: skip
     return Report(upstream, outcomes, notes=notes, tree=str(tree), head=head)
 
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from xpu_series import engine
 from xpu_series.commands import Context, Output
+from xpu_series.commands.apply import remember, reusable, scratch_key
 from xpu_series.commands.check import run_check
 from xpu_series.errors import UsageError
 from xpu_series.git import Git
@@ -178,22 +179,29 @@ def _best_effort_tree(
     project: Project, version: str, wheel: Path | None
 ) -> tuple[Git, list[tuple[str, str]], str]:
     """The series on `version` as far as each patch goes: (status, commit after
-    the patch) per patch, and the base commit."""
+    the patch) per patch, and the base commit. An unchanged tree answers from
+    its record."""
     tree = project.build_dir / "matrix" / version / "tree"
     tree.parent.mkdir(parents=True, exist_ok=True)
+    series = project.series()
     with tree_lock(tree, f"xpu-series matrix {version}"):
         git = Git(tree)
+        pin = project.pin.for_version(version)
+        fetched = fetch_wheel(pin, project.cache_dir, local=wheel)
+        key = scratch_key(fetched.sha256, series)
+        saved = reusable(git, key, "best_effort")
+        if saved is not None:
+            steps = [(s, c) for s, c in saved["steps"]]
+            return git, steps, saved["base"]
         if git.is_repo():
             repair(git)
             git.run("clean", "-q", "-fdx")
-        pin = project.pin.for_version(version)
-        fetched = fetch_wheel(pin, project.cache_dir, local=wheel)
         base = materialize_base(fetched, pin, tree, project.cache_dir)
         if version != project.pin.version:
             borrow_pin_objects(project, git)
         steps: list[tuple[str, str]] = []
         head = base.commit
-        for patch in project.series().patches:
+        for patch in series.patches:
             status, detail = engine.commit_patch(
                 git, patch, exact=version == project.pin.version
             )
@@ -201,6 +209,7 @@ def _best_effort_tree(
             if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
                 head = git.out("rev-parse", "HEAD")
             steps.append((str(status), head))
+        remember(git, key, "best_effort", {"steps": steps, "base": base.commit})
     return git, steps, base.commit
 
 
