@@ -277,15 +277,19 @@ def fetch_wheel(
     return FetchedWheel(target, digest, pin.version, pin.pinned, "download")
 
 
-def check_wheel(path: Path, pin: Pin) -> None:
-    """A readable zip whose names are safe and that carries the layout's folders."""
+def _open_wheel(path: Path) -> zipfile.ZipFile:
     try:
-        archive = zipfile.ZipFile(path)
+        return zipfile.ZipFile(path)
     except (zipfile.BadZipFile, OSError) as exc:
         raise WheelError(
             f"{path.name} is not a readable wheel ({exc})",
             hint=f"{path} is damaged: get the file again",
         ) from None
+
+
+def check_wheel(path: Path, pin: Pin) -> None:
+    """A readable zip whose names are safe and that carries the layout's folders."""
+    archive = _open_wheel(path)
     with archive:
         _mapped_members(archive, path, pin)
 
@@ -324,13 +328,7 @@ def wheel_files(path: Path, pin: Pin) -> Iterator[tuple[str, bool, bytes]]:
     here with a clear error; the caller builds into a staging folder, so a
     failure leaves nothing behind.
     """
-    try:
-        archive = zipfile.ZipFile(path)
-    except (zipfile.BadZipFile, OSError) as exc:
-        raise WheelError(
-            f"{path.name} is not a readable wheel ({exc})",
-            hint=f"{path} is damaged: get the file again",
-        ) from None
+    archive = _open_wheel(path)
     with archive:
         for info, target in _mapped_members(archive, path, pin):
             try:

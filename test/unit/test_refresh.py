@@ -113,3 +113,19 @@ def test_refresh_never_deletes_patches_the_tree_lacks(three_patches: Project) ->
     (three_patches.patches / "0001-raise-value.patch").write_text("hand edit\n")
     check = three_patches.run("refresh", "--check")
     assert check.code == 1 and "0001-raise-value.patch differs" in check.err
+
+
+def test_refresh_prune_hint_followed_drops_only_what_the_tree_lacks(
+    three_patches: Project,
+) -> None:
+    git(three_patches.tree, "reset", "-q", "--hard", "HEAD~2")
+    refused = three_patches.run("refresh")
+    assert "--prune" in refused.err
+    result = three_patches.run("refresh", "--prune")
+    assert result.code == 0, result.err
+    assert sorted(p.name for p in three_patches.patches.glob("*.patch")) == [
+        "0001-raise-value.patch"
+    ]
+    lines = (three_patches.patches / "series").read_text().splitlines()
+    assert lines == ["# test series", "0001-raise-value.patch"]
+    assert three_patches.run("refresh", "--check").code == 0
