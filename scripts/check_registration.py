@@ -1,6 +1,7 @@
-"""Check test registration with sglang's own collector: every file under
-test/registered/ registers (with a __main__ block), and test/manual/ registers
-nothing (upstream convention)."""
+"""Check test registration with sglang's own collector: every test file
+(test_*.py) under test/registered/ registers (with a __main__ block), and
+test/manual/ registers nothing (upstream convention). Other modules there are
+the tests' helpers."""
 
 from __future__ import annotations
 
@@ -16,9 +17,7 @@ _REGISTER_CALL = re.compile(r"^\s*register_\w+_ci\(", re.MULTILINE)
 
 def main() -> int:
     registered = sorted(
-        str(p)
-        for p in (ROOT / "test" / "registered").rglob("*.py")
-        if p.name not in ("__init__.py", "conftest.py")
+        str(p) for p in (ROOT / "test" / "registered").rglob("test_*.py")
     )
     try:
         entries = collect_tests(registered, sanity_check=True)

@@ -24,6 +24,15 @@ ORIG_HEAD_REF = "refs/xpu-series/orig-head"
 ORIG_UPSTREAM_REF = "refs/xpu-series/orig-upstream"
 
 
+def article(words: str) -> str:
+    """`words` after 'a' or 'an'.
+
+    >>> article("rebase onto 0.5.23"), article("apply")
+    ('a rebase onto 0.5.23', 'an apply')
+    """
+    return ("an " if words[:1] in ("a", "e", "i", "o", "u") else "a ") + words
+
+
 def op_dir(build_dir: Path) -> Path:
     return build_dir / "operation"
 
@@ -48,6 +57,8 @@ class Operation:
     current: str = ""
     current_detail: str = ""
     last_good: str = ""
+    # The maintainer's decisions (plan.Decision.to_json), by patch, in plan order.
+    plan: list[dict[str, Any]] = field(default_factory=list)
     started: str = ""
     pid: int = 0
 
@@ -61,6 +72,10 @@ class Operation:
         if self.stopped:
             return f"{what} stopped at {self.current} ({self.current_detail})"
         return f"{what} interrupted during {self.phase}"
+
+    def described(self) -> str:
+        """describe() with its article: 'an apply ...', 'a rebase ...'."""
+        return article(self.describe())
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -131,7 +146,7 @@ def require_idle(store: OperationStore, verb: str) -> None:
     if op is None:
         return
     raise TreeError(
-        f"cannot {verb}: an {op.describe()}",
+        f"cannot {verb}: {op.described()} is in progress",
         hint=f"finish it with 'xpu-series {op.kind} --continue', "
         f"or undo it with 'xpu-series {op.kind} --abort'",
     )

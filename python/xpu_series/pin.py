@@ -24,6 +24,9 @@ class Pin:
     git_tag: str = ""
     python_version: str = "3.11"
     platform: str = "manylinux_2_34_x86_64"
+    # The oldest release the series still serves (each has an official XPU
+    # image); older releases than the pin get the retired patches they need.
+    serves_from: str = ""
 
     def for_version(self, version: str) -> Pin:
         """A request for another release; its hash is unknown until fetched."""
@@ -39,6 +42,7 @@ class Pin:
             git_tag=f"v{version}",
             python_version=self.python_version,
             platform=self.platform,
+            serves_from=self.serves_from,
         )
 
     @property
@@ -113,4 +117,5 @@ def load_pin(path: Path) -> Pin:
         git_tag=str(upstream.get("git-tag", "")),
         python_version=str(upstream.get("python-version", "3.11")),
         platform=str(upstream.get("platform", "manylinux_2_34_x86_64")),
+        serves_from=str(upstream.get("serves-from", "")),
     )

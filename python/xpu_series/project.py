@@ -10,7 +10,7 @@ from pathlib import Path
 from xpu_series.errors import UsageError
 from xpu_series.operation import OperationStore
 from xpu_series.pin import Pin, load_pin
-from xpu_series.series import Series, load_series
+from xpu_series.series import Series, load_series, load_series_for
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,12 @@ class Project:
     def pin(self) -> Pin:
         return load_pin(self.patches_dir / "upstream.toml")
 
-    def series(self) -> Series:
-        return load_series(self.patches_dir)
+    def series(self, version: str | None = None) -> Series:
+        """The series; for a release older than the pin, with the retired
+        patches that release still needs."""
+        if version is None:
+            return load_series(self.patches_dir)
+        return load_series_for(self.patches_dir, version, self.pin.version)
 
 
 def find_project(start: Path | None = None) -> Project:

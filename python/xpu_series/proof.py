@@ -107,7 +107,8 @@ def run_pytest(
 
 def _support_files(project: Project, tests: Iterable[str]) -> list[Path]:
     """What a test run reads besides sglang: the test files, the other files of
-    their folders (configs, helpers), and conftest.py/JSON files above them."""
+    their folders (configs, helpers), and the conftest.py files, helper modules
+    and JSON files above them."""
     root = project.root.resolve()
     files: set[Path] = set()
     for test in tests:
@@ -118,10 +119,12 @@ def _support_files(project: Project, tests: Iterable[str]) -> list[Path]:
         for parent in path.parents:
             if parent == root or root not in parent.parents:
                 break
+            # conftest.py, configs and the tests' helper modules (not other tests).
             files.update(
                 p
                 for p in parent.iterdir()
-                if p.is_file() and (p.name == "conftest.py" or p.suffix == ".json")
+                if p.is_file()
+                and (p.suffix in (".py", ".json") and not p.name.startswith("test_"))
             )
     return sorted(p for p in files if "__pycache__" not in p.parts)
 

@@ -98,3 +98,8 @@ class Report:
             "notes": list(self.notes),
             "ok": self.ok,
         }
+
+
+# The word verify and matrix both use for tests that fail with the patch applied:
+# the tests (or the patch) must be ported to this release.
+TESTS_NEED_PORTING = "tests-need-porting"

@@ -4,6 +4,7 @@ the operation and never the user's work (stgit's transaction, git's rebase-apply
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 import time
 from collections.abc import Callable
@@ -27,13 +28,14 @@ from xpu_series.operation import (
     ORIG_HEAD_REF,
     ORIG_UPSTREAM_REF,
     Operation,
+    article,
     copy_patches,
     snapshot,
     swap_in,
 )
 from xpu_series.project import Project
 from xpu_series.result import PatchOutcome, PatchStatus, Report, UpstreamInfo
-from xpu_series.series import Patch, Series, load_series
+from xpu_series.series import Patch, Series, load_series_for
 from xpu_series.tree import (
     APPLIED_REF,
     PIN_BASE_REF,
@@ -49,6 +51,17 @@ from xpu_series.tree import (
 from xpu_series.wheel import fetch_wheel
 
 FinishHook = Callable[["Runner"], None]
+# Hand resolutions a rebase recorded, replayed when the same patch text meets the
+# same tree again (git's rerere, at the grain of a whole patch).
+RESOLUTIONS = "resolutions"
+
+
+def resolution_path(patch: Patch, version: str, tree_id: str) -> Path:
+    """Where the resolution of `patch` on the tree `tree_id` is kept, relative to
+    patches/: content-addressed by the patch text and the tree it met."""
+    digest = hashlib.sha256(patch.text.encode("utf-8")).hexdigest()
+    stem = patch.name.removesuffix(".patch")
+    return Path(RESOLUTIONS) / stem / f"{version}-{digest[:12]}-{tree_id[:12]}.patch"
 
 
 @dataclass
@@ -117,7 +130,10 @@ class Runner:
 
     def series(self) -> Series:
         """The patches as they were when the operation began (its own copy)."""
-        return load_series(self.store.patches_backup)
+        version = self.op.target.get("version")
+        return load_series_for(
+            self.store.patches_backup, version, self.project.pin.version
+        )
 
     def patch(self, name: str) -> Patch:
         return next(p for p in self.series().patches if p.name == name)
@@ -208,10 +224,20 @@ class Runner:
                 patch = self.patch(op.todo[0])
                 if self.on_patch:
                     self.on_patch(patch, len(op.done), total)
+                decision = self.decision(patch.name)
+                if decision:
+                    op.done.append(self._decided(patch, decision))
+                    op.todo.pop(0)
+                    self.save()
+                    continue
                 status, detail = engine.commit_patch(git, patch, exact=exact)
                 status, detail = engine.settle(git, patch, status, detail, version)
                 if not status.ok:
-                    return self._stop(patch, status, detail)
+                    replayed = self.replay_resolution(patch)
+                    if replayed:
+                        status, detail = PatchStatus.MERGED, replayed
+                    else:
+                        return self._stop(patch, status, detail)
                 commit = ""
                 if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
                     commit = git.out("rev-parse", "HEAD")
@@ -225,6 +251,40 @@ class Runner:
             self.save()
             raise self.interrupted() from None
         return Outcome(op, self.report(), finished=True)
+
+    def decision(self, name: str) -> dict | None:
+        return next((d for d in self.op.plan if d["name"] == name), None)
+
+    def _decided(self, patch: Patch, decision: dict) -> dict:
+        """A patch the plan retires or drops: not applied, recorded why."""
+        retire = decision["action"] == "retire"
+        since = f" from {decision['since']}" if retire else ""
+        done = self._done(
+            patch,
+            PatchStatus.ABSORBED if retire else PatchStatus.SKIPPED,
+            f"{decision['action']}d by the plan{since}: {decision['reason']}",
+            "",
+        )
+        done.update(
+            reason=decision["reason"], upstreamed=retire, since=decision["since"]
+        )
+        return done
+
+    def replay_resolution(self, patch: Patch) -> str:
+        """Commit the recorded hand resolution of `patch` on this tree, if any."""
+        op, git = self.op, self.git
+        tree_id = git.out("rev-parse", "HEAD^{tree}")
+        rel = resolution_path(patch, op.target.get("version", ""), tree_id)
+        record = self.store.patches_backup / rel
+        if not record.is_file():
+            return ""
+        result = git.run(*engine._AM, str(record), check=False)
+        if not result.ok:
+            _abort_am(git)
+            git.run("reset", "-q", "--hard", op.last_good)
+            self.notes.append(f"the recorded resolution patches/{rel} does not apply")
+            return ""
+        return f"resolved as recorded in patches/{rel}"
 
     def _done(
         self, patch: Patch, status: PatchStatus, detail: str, commit: str
@@ -348,9 +408,10 @@ class Runner:
                 hint=f"apply its change there and 'git add' it, then run "
                 f"'xpu-series {op.kind} --continue' (or --skip to drop it)",
             )
-        op.done.append(
-            self._done(patch, PatchStatus.MERGED, "resolved by hand", new_head or "")
-        )
+        done = self._done(patch, PatchStatus.MERGED, "resolved by hand", new_head or "")
+        # Recorded at the write-out, keyed by the tree the patch met.
+        done["resolved_on"] = git.out("rev-parse", f"{op.last_good}^{{tree}}")
+        op.done.append(done)
         op.last_good = new_head or op.last_good
         op.todo.pop(0)
         op.current = op.current_detail = ""
@@ -385,6 +446,7 @@ class Runner:
         op, git, store = self.op, self.git, self.store
         notes: list[str] = []
         tree = Path(op.tree)
+        notes += self._keep_hand_work()
         if op.orig.get("existed"):
             if git.is_repo():
                 repair(git)
@@ -411,6 +473,21 @@ class Runner:
             notes.append(f"removed {tree}, which the {op.kind} had created")
         notes += self.restore_patches()
         return notes
+
+    def _keep_hand_work(self) -> list[str]:
+        """Put the commits a human resolved on a branch before the tree is reset:
+        --abort undoes the operation, not the work (it would be in the reflog only)."""
+        op, git = self.op, self.git
+        resolved = [d["name"] for d in op.done if d.get("resolved_on")]
+        if not resolved or not git.is_repo() or not op.last_good:
+            return []
+        branch = f"xpu-series/aborted-{op.kind}-{time.strftime('%Y%m%d-%H%M%S')}"
+        if not git.run("branch", "-f", branch, op.last_good, check=False).ok:
+            return []
+        return [
+            f"your resolution of {', '.join(resolved)} is kept on branch {branch} "
+            f"(git -C {op.tree} log {branch})"
+        ]
 
     def restore_patches(self) -> list[str]:
         """patches/ byte for byte as at the start; anything the user changed there
@@ -444,7 +521,7 @@ def open_operation(project: Project, kind: str) -> Operation:
         )
     if op.kind != kind:
         raise UsageError(
-            f"the operation in progress is an {op.describe()}, not a {kind}",
+            f"the operation in progress is {op.described()}, not {article(kind)}",
             hint=f"use 'xpu-series {op.kind} --continue' or "
             f"'xpu-series {op.kind} --abort'",
         )

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
 import re
@@ -48,6 +49,9 @@ class Patch:
 
     name: PatchName
     path: Path
+    # Retired (patches/upstreamed/), carried only onto a release older than the
+    # one its Applied-Upstream names.
+    retired: bool = False
 
     @property
     def exists(self) -> bool:
@@ -306,3 +310,37 @@ def metadata_problems(series: Series, pin_version: str) -> list[str]:
                     "(retire it with 'xpu-series rebase' or fix the header)"
                 )
     return problems
+
+
+RETIRED_DIR = "upstreamed"
+
+
+def _number(name: str) -> int | None:
+    head = name.split("-", 1)[0]
+    return int(head) if head.isdigit() else None
+
+
+def load_series_for(directory: Path, version: str | None, pin_version: str) -> Series:
+    """The series as it applies to `version`: on a release older than the pin it
+    also carries each retired patch (patches/upstreamed/) whose `Applied-Upstream:`
+    is above that release, placed by its number among the others."""
+    series = load_series(directory)
+    have, pin = version_tuple(version or ""), version_tuple(pin_version)
+    if have is None or pin is None or have >= pin:
+        return series
+    patches = list(series.patches)
+    for path in sorted((directory / RETIRED_DIR).glob("*.patch")):
+        try:
+            patch = Patch(PatchName(path.name), path, retired=True)
+        except SeriesError:
+            continue
+        since = version_tuple(patch.header.get("Applied-Upstream"))
+        number = _number(patch.name)
+        if since is None or since <= have or number is None:
+            continue
+        at = next(
+            (i for i, p in enumerate(patches) if (_number(p.name) or 0) > number),
+            len(patches),
+        )
+        patches.insert(at, patch)
+    return dataclasses.replace(series, patches=tuple(patches))

@@ -265,7 +265,7 @@ def run_apply(
     Returns a Report for scratch trees, an Outcome (finished or stopped at a
     conflict) for the user's tree.
     """
-    series = project.series()
+    series = project.series(options.version or project.pin.version)
     tree = options.tree
     problems = static_problems(series, None, allowed_prefixes(project))
     if problems:

@@ -42,7 +42,7 @@ def run_check(
     )
     report = run_apply(project, options)
     assert isinstance(report, Report)  # a scratch tree always gives a report
-    series = project.series()
+    series = project.series(version)
     # What apply can live with but a reviewer should not: a series file that
     # needs normalising, Tests: that name nothing.
     report.problems += (

@@ -28,7 +28,7 @@ from xpu_series.lock import tree_lock
 from xpu_series.pin import version_tuple
 from xpu_series.project import Project
 from xpu_series.proof import Counts, PrefixRunner, Run, count
-from xpu_series.result import ExitCode, PatchStatus, Report
+from xpu_series.result import TESTS_NEED_PORTING, ExitCode, PatchStatus, Report
 from xpu_series.sequencer import borrow_pin_objects
 from xpu_series.tree import materialize_base, repair
 from xpu_series.ui import table
@@ -37,7 +37,7 @@ from xpu_series.wheel import fetch_wheel, index_releases
 HELP = "each patch on several upstream releases: applies? still needed?"
 NEEDED = "needed"
 UPSTREAM_HAS_IT = "upstream-has-it"
-PORTING = "tests-need-porting"
+PORTING = TESTS_NEED_PORTING
 UNTESTED = "untested"
 ERROR = "error"
 
@@ -137,13 +137,18 @@ def wheel_version(path: Path, project: str) -> str:
 
 
 def default_versions(project: Project) -> list[str]:
-    """The pin and every newer release the index lists (plain X.Y.Z releases)."""
+    """Every release the series serves (from the pin's `serves-from`) and every
+    newer one the index lists (plain X.Y.Z releases), oldest first."""
     pin = version_tuple(project.pin.version) or ()
-    return [
-        v
-        for v in index_releases(project.pin)
-        if (t := version_tuple(v)) is not None and t > pin
-    ]
+    oldest = version_tuple(project.pin.serves_from) or pin
+    return sorted(
+        (
+            v
+            for v in index_releases(project.pin)
+            if (t := version_tuple(v)) is not None and t >= oldest and t != pin
+        ),
+        key=lambda v: version_tuple(v) or (),
+    )
 
 
 def classify(
@@ -183,7 +188,7 @@ def _best_effort_tree(
     its record."""
     tree = project.build_dir / "matrix" / version / "tree"
     tree.parent.mkdir(parents=True, exist_ok=True)
-    series = project.series()
+    series = project.series(version)
     with tree_lock(tree, f"xpu-series matrix {version}"):
         git = Git(tree)
         pin = project.pin.for_version(version)
@@ -218,7 +223,8 @@ def _measure(
 ) -> None:
     """Fill in the behaviour column of `version` for every patch."""
     git, steps, base = _best_effort_tree(project, version, wheel)
-    series = project.series().patches
+    series = project.series(version).patches
+    rows = {row.name: row for row in matrix.rows_}
     tests = [tuple(p.header.tests) for p in series]
     before = [base] + [commit for _status, commit in steps[:-1]]
     work: dict[str, list[str]] = {}
@@ -236,7 +242,7 @@ def _measure(
     runner = PrefixRunner(project, git, root, jobs)
     outcomes = runner.run({c: Run(c, t) for c, t in work.items()})
     for k, (patch, spec) in enumerate(zip(series, tests, strict=True)):
-        row = matrix.rows_[k]
+        row = rows[patch.name]
         status, after = steps[k]
         without = count(outcomes.get(before[k], {}), spec)
         applied = status in (PatchStatus.APPLIED, PatchStatus.MERGED)
@@ -256,9 +262,11 @@ def _measure(
 def _conclude(project: Project, matrix: Matrix) -> None:
     """Per patch: the first release that no longer needs it, and headers that
     disagree with the measurement."""
-    series = {p.name: p for p in project.series().patches}
+    series = {p.name: p for v in matrix.versions for p in project.series(v).patches}
+    pin = version_tuple(project.pin.version) or ()
+    newer = [v for v in matrix.versions if (version_tuple(v) or ()) > pin]
     for row in matrix.rows_:
-        for version in matrix.versions[1:]:
+        for version in newer:
             if row.text.get(version) == str(PatchStatus.ABSORBED):
                 why = "text: upstream has it"
             elif row.behaviour.get(version) == UPSTREAM_HAS_IT:
@@ -309,7 +317,14 @@ def run_matrix(
         if version not in wanted:
             wanted.append(version)
     matrix = Matrix(behaviour=behaviour, pin=project.pin.version)
-    names = [p.name for p in project.series().patches]
+    # One row per patch any of these releases carries (retired patches appear
+    # on the older releases that still need them), in series order.
+    names: list[str] = []
+    for version in wanted:
+        for patch in project.series(version).patches:
+            if patch.name not in names:
+                names.append(patch.name)
+    names.sort(key=lambda n: int(n[:4]) if n[:4].isdigit() else 10**6)
     matrix.rows_ = [PatchRow(name) for name in names]
     for version in wanted:
         report = run_check(project, version, by_version.get(version), progress)

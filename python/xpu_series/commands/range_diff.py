@@ -155,5 +155,15 @@ def execute(ctx: Context) -> Output:
     out.out.append(table(["change", "patch", "files"], rows))
     if ctx.args.verbose:
         out.out.append(diff.text)
+    op = project.operations.load()
+    if op is not None and op.kind == "rebase":
+        # The rebase writes patches/ only when it finishes: say so, or an
+        # all-unchanged table reads as "the rebase changed nothing".
+        note = (
+            f"{op.described()} is in progress: patches/ is rewritten only when it "
+            "finishes, so this compares the series as it was"
+        )
+        out.err.append(f"note: {note}")
+        out.data["operation_in_progress"] = note
     out.code = ExitCode.OK
     return out

@@ -15,8 +15,10 @@ import json
 import os
 import re
 import shutil
+import time
 import tomllib
 import zipfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -33,8 +35,10 @@ from xpu_series.commands.refresh import export_commit
 from xpu_series.engine import ProgressHook
 from xpu_series.errors import SeriesError, UsageError, XpuSeriesError
 from xpu_series.git import Git
+from xpu_series.header import parse_header
 from xpu_series.lock import tree_lock
-from xpu_series.operation import Operation, require_idle, swap_in
+from xpu_series.operation import Operation, require_idle, snapshot, swap_in
+from xpu_series.plan import Decision, check_since, parse_plan, render_plan
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
 from xpu_series.sequencer import (
@@ -43,6 +47,7 @@ from xpu_series.sequencer import (
     abort_operation,
     open_operation,
     record_applied,
+    resolution_path,
     resume,
 )
 from xpu_series.series import load_series, static_problems
@@ -52,6 +57,8 @@ from xpu_series.wheel import fetch_wheel
 HELP = "move the series to a newer sglang release (--continue/--skip/--abort)"
 UPSTREAMED = "upstreamed"
 DROPPED = "dropped"
+# Each finished rebase's decisions, replayable: patches/moves/OLD-to-NEW.plan.
+MOVES = "moves"
 _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(.*)$")
 
 
@@ -125,13 +132,25 @@ def build_new_patches(runner: Runner, dest: Path) -> None:
         )
         text = path.read_text(encoding="utf-8")
         if where == UPSTREAMED:
-            text = set_field(text, "Applied-Upstream", new_version)
+            text = _retired_header(text, done, new_version)
         else:
             text = set_field(text, "Dropped", f"{new_version}: {done.get('reason')}")
         (staging / where).mkdir(exist_ok=True)
         (staging / where / name).write_text(text, encoding="utf-8")
         path.unlink()
+    for done in op.done:
+        if done.get("resolved_on"):
+            patch = runner.patch(done["name"])
+            rel = resolution_path(patch, new_version, done["resolved_on"])
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_text(
+                export_commit(git, done["commit"]), encoding="utf-8"
+            )
     old = op.target["from"]
+    (staging / MOVES).mkdir(exist_ok=True)
+    (staging / MOVES / f"{old['version']}-to-{new_version}.plan").write_text(
+        render_plan(decisions_of(op), old["version"], new_version), encoding="utf-8"
+    )
     new = {
         "version": new_version,
         "wheel": op.target["wheel"],
@@ -144,9 +163,83 @@ def build_new_patches(runner: Runner, dest: Path) -> None:
     series_file.write_text(
         _rewrite_series(series_file.read_text(), carried, old["version"], new_version)
     )
+    runner.notes += keep_user_files(
+        project_patches=runner.project.patches_dir,
+        backup=store.patches_backup,
+        staging=staging,
+        aside=runner.project.build_dir
+        / f"rebase-kept-{time.strftime('%Y%m%d-%H%M%S')}",
+    )
     if dest.exists():
         shutil.rmtree(dest)
     os.replace(staging, dest)
+
+
+def keep_user_files(
+    project_patches: Path, backup: Path, staging: Path, aside: Path
+) -> list[str]:
+    """Carry into the new patches/ what the user changed in patches/ while the
+    rebase ran (a new file, an edit, a removal). Where the write-out rewrote the
+    same file, the user's copy is kept aside and named: nothing disappears."""
+    now, before, after = snapshot(project_patches), snapshot(backup), snapshot(staging)
+    notes: list[str] = []
+    for rel in sorted(set(now) | set(before)):
+        mine, was = now.get(rel), before.get(rel)
+        if mine == was:
+            continue
+        untouched = after.get(rel) == was
+        if untouched and mine is None:
+            (staging / rel).unlink(missing_ok=True)
+        elif untouched:
+            (staging / rel).parent.mkdir(parents=True, exist_ok=True)
+            (staging / rel).write_bytes(mine)
+            notes.append(f"kept your change to patches/{rel}")
+        elif mine is not None:
+            (aside / rel).parent.mkdir(parents=True, exist_ok=True)
+            (aside / rel).write_bytes(mine)
+            notes.append(
+                f"the rebase rewrote patches/{rel}, which you changed meanwhile: "
+                f"your copy is in {aside / rel}"
+            )
+    return notes
+
+
+def _retired_header(text: str, done: dict[str, Any], new_version: str) -> str:
+    """A retired patch's header says from which release upstream has it and why.
+
+    The release is the one the maintainer named (`--since`, the plan), else the
+    patch's own `Applied-Upstream:`, else the release the rebase moved to.
+    """
+    declared = parse_header(text).get("Applied-Upstream")
+    since = done.get("since") or declared or new_version
+    text = set_field(text, "Applied-Upstream", since)
+    reason = done.get("reason", "")
+    status = parse_header(text).get("Upstream-Status")
+    if reason and not status.startswith("Backport"):
+        text = set_field(
+            text,
+            "Upstream-Status",
+            f"Inappropriate [not needed from {since}: {reason}]",
+        )
+    return text
+
+
+def decisions_of(op: Operation) -> list[Decision]:
+    """Every retire/drop decision of the rebase: the plan's and those of --skip."""
+    out = []
+    for done in op.done:
+        if done.get("commit") or not done.get("reason"):
+            continue
+        retire = bool(done.get(UPSTREAMED))
+        out.append(
+            Decision(
+                "retire" if retire else "drop",
+                done["name"],
+                done["reason"],
+                done.get("since") or (op.target["version"] if retire else ""),
+            )
+        )
+    return out
 
 
 def _finish_rebase(runner: Runner) -> None:
@@ -240,6 +333,8 @@ def _shown(spec: str | None) -> str:
 
 
 def dependency_drift(old: Path, new: Path, pyproject: Path) -> list[DriftRow]:
+    """What changed between the two releases' requirements, and what that change
+    asks of the test environment (only what the change itself causes)."""
     before, after = requires_dist(old), requires_dist(new)
     pins = pinned_test_env(pyproject)
     rows = []
@@ -256,14 +351,43 @@ def dependency_drift(old: Path, new: Path, pyproject: Path) -> list[DriftRow]:
             action = "not in the test environment"
         else:
             fits = _satisfies(pinned, spec)
-            action = {
-                False: f"change pyproject.toml: {name}=={pinned} does not satisfy "
-                f"{spec}",
-                True: "the pinned version still satisfies it",
-                None: f"compare {name}=={pinned} with {spec} by hand",
-            }[fits]
+            fitted = _satisfies(pinned, before[name]) if name in before else True
+            if fits is False and fitted is False:
+                action = f"{name}=={pinned} did not satisfy the old release either"
+            else:
+                action = {
+                    False: f"change pyproject.toml: {name}=={pinned} does not "
+                    f"satisfy {spec}",
+                    True: "the pinned version still satisfies it",
+                    None: f"compare {name}=={pinned} with {spec} by hand",
+                }[fits]
         rows.append(
             DriftRow(name, _shown(before.get(name)), _shown(spec), pinned, action)
+        )
+    return rows
+
+
+def environment_violations(old: Path, new: Path, pyproject: Path) -> list[DriftRow]:
+    """Every pin of the test environment the new release's requirements reject,
+    changed or not, and whether the old release rejected it too."""
+    before, after = requires_dist(old), requires_dist(new)
+    rows = []
+    for name, pinned in sorted(pinned_test_env(pyproject).items()):
+        spec = after.get(name)
+        if spec is None or _satisfies(pinned, spec) is not False:
+            continue
+        was = before.get(name)
+        old_too = was is not None and _satisfies(pinned, was) is False
+        rows.append(
+            DriftRow(
+                name,
+                _shown(was),
+                _shown(spec),
+                pinned,
+                "unmet by the old release too"
+                if old_too
+                else "unmet from this release",
+            )
         )
     return rows
 
@@ -279,6 +403,7 @@ class RebaseResult:
     old: dict[str, str]
     retired: list[dict[str, Any]] = field(default_factory=list)
     drift: list[DriftRow] = field(default_factory=list)
+    violations: list[DriftRow] = field(default_factory=list)
     drift_note: str = ""
     report_file: str = ""
 
@@ -292,6 +417,7 @@ class RebaseResult:
             "patches": [p.to_json() for p in self.outcome.report.patches],
             "retired": self.retired,
             "dependency_drift": [row.to_json() for row in self.drift],
+            "environment_violations": [row.to_json() for row in self.violations],
             "dependency_drift_note": self.drift_note,
             "report": self.report_file,
             "ok": self.outcome.finished,
@@ -308,8 +434,6 @@ def _retired(project: Project, op: Operation) -> list[dict[str, Any]]:
         path = project.patches_dir / where / done["name"]
         tests = []
         if path.is_file():
-            from xpu_series.header import parse_header
-
             tests = parse_header(path.read_text(encoding="utf-8")).tests
         out.append(
             {
@@ -323,7 +447,12 @@ def _retired(project: Project, op: Operation) -> list[dict[str, Any]]:
     return out
 
 
-def _test_retired(project: Project, tree: Path, retired: list[dict[str, Any]]) -> None:
+def _test_retired(
+    project: Project,
+    tree: Path,
+    retired: list[dict[str, Any]],
+    say: Callable[[str], None] | None = None,
+) -> None:
     """Run the retired patches' tests on the new base (one pytest process, one
     sglang import): passing ones stay as regression tests of upstream's
     behaviour, failing ones are listed for the maintainer."""
@@ -342,7 +471,15 @@ def _test_retired(project: Project, tree: Path, retired: list[dict[str, Any]]) -
     every = sorted({t for tests in wanted.values() for t in tests})
     if not every:
         return
+    started = time.monotonic()
+    if say:
+        say(
+            f"running the tests of {len(wanted)} retired patches on the new base "
+            f"({len(every)} files, one pytest run; --no-test-retired skips this)"
+        )
     outcomes, _log = run_pytest(project, tree, every)
+    if say:
+        say(f"retired patches' tests done in {time.monotonic() - started:.0f} s")
     for entry in retired:
         tests = wanted[entry["name"]]
         if not tests:
@@ -361,7 +498,10 @@ def _test_retired(project: Project, tree: Path, retired: list[dict[str, Any]]) -
 
 
 def _result(
-    project: Project, outcome: Outcome, test_retired: bool = True
+    project: Project,
+    outcome: Outcome,
+    test_retired: bool = True,
+    say: Callable[[str], None] | None = None,
 ) -> RebaseResult:
     op = outcome.op
     result = RebaseResult(outcome, dict(op.target.get("from", {})))
@@ -369,7 +509,7 @@ def _result(
         return result
     result.retired = _retired(project, op)
     if test_retired:
-        _test_retired(project, Path(op.tree), result.retired)
+        _test_retired(project, Path(op.tree), result.retired, say)
     try:
         old_pin = dataclasses.replace(
             project.pin,
@@ -381,9 +521,9 @@ def _result(
         new_wheel = (
             project.cache_dir / "wheels" / op.target["sha256"] / (op.target["wheel"])
         )
-        result.drift = dependency_drift(
-            old_wheel.path, new_wheel, project.root / "pyproject.toml"
-        )
+        pyproject = project.root / "pyproject.toml"
+        result.drift = dependency_drift(old_wheel.path, new_wheel, pyproject)
+        result.violations = environment_violations(old_wheel.path, new_wheel, pyproject)
     except (XpuSeriesError, OSError, zipfile.BadZipFile, KeyError) as exc:
         result.drift_note = f"dependency drift not computed: {exc}"
     reports = project.build_dir / "reports"
@@ -401,8 +541,11 @@ def run_rebase(
     on_patch: ProgressHook | None = None,
     progress: bool = False,
     test_retired: bool = True,
+    plan: Path | None = None,
+    say: Callable[[str], None] | None = None,
 ) -> RebaseResult:
-    """Start a rebase of the series (as in patches/) onto sglang `onto`."""
+    """Start a rebase of the series (as in patches/) onto sglang `onto`, with the
+    decisions of `plan` (see plan.py) taken as each named patch comes up."""
     require_idle(project.operations, "rebase")
     pin = project.pin
     if onto == pin.version:
@@ -417,6 +560,14 @@ def run_rebase(
             "patches/ has problems, nothing was changed: " + "; ".join(problems),
             hint="fix them first ('xpu-series check' lists every problem)",
         )
+    decisions: list[Decision] = []
+    if plan is not None:
+        try:
+            text = plan.read_text(encoding="utf-8")
+        except OSError as exc:
+            raise UsageError(f"cannot read the plan {plan}: {exc.strerror}") from None
+        names = [p.name for p in series.patches]
+        decisions = parse_plan(text, names, onto, str(plan))
     tree = project.default_tree
     tree.parent.mkdir(parents=True, exist_ok=True)
     with tree_lock(tree, f"xpu-series rebase --onto {onto}"):
@@ -438,22 +589,30 @@ def run_rebase(
         }
         if wheel:
             target["local"] = str(wheel.resolve())
-        op = Operation(kind="rebase", tree=str(tree), target=target)
+        op = Operation(
+            kind="rebase",
+            tree=str(tree),
+            target=target,
+            plan=[d.to_json() for d in decisions],
+        )
         runner = Runner(project, op, on_patch, progress)
         runner.begin()
         runner.notes = notes
         outcome = resume(runner, _finish_rebase)
-    return _result(project, outcome, test_retired)
+    return _result(project, outcome, test_retired, say)
 
 
 def continue_rebase(
-    project: Project, on_patch: ProgressHook | None = None, test_retired: bool = True
+    project: Project,
+    on_patch: ProgressHook | None = None,
+    test_retired: bool = True,
+    say: Callable[[str], None] | None = None,
 ) -> RebaseResult:
     op = open_operation(project, "rebase")
     runner = Runner(project, op, on_patch)
     with tree_lock(Path(op.tree), "xpu-series rebase --continue"):
         outcome = resume(runner, _finish_rebase)
-    return _result(project, outcome, test_retired)
+    return _result(project, outcome, test_retired, say)
 
 
 def skip_patch(
@@ -462,21 +621,31 @@ def skip_patch(
     upstreamed: bool,
     on_patch: ProgressHook | None = None,
     test_retired: bool = True,
+    since: str = "",
+    say: Callable[[str], None] | None = None,
 ) -> RebaseResult:
-    """Drop the patch the rebase stopped at, with the reason, and go on."""
+    """Drop the patch the rebase stopped at, with the reason, and go on (retired
+    as upstreamed from `since`, or the target release, with `upstreamed`)."""
     op = open_operation(project, "rebase")
     if not reason.strip():
         raise UsageError(
             f"say why {op.current or 'the patch'} is dropped",
             hint="add --reason TEXT (and --upstreamed if upstream has the change)",
         )
+    if since:
+        check_since(since, op.target.get("version", ""), "--since")
     runner = Runner(project, op, on_patch)
     with tree_lock(Path(op.tree), "xpu-series rebase --skip"):
         runner.skip_current(
-            {"reason": reason.strip(), UPSTREAMED: upstreamed, "detail": reason}
+            {
+                "reason": reason.strip(),
+                UPSTREAMED: upstreamed,
+                "detail": reason,
+                "since": since if upstreamed else "",
+            }
         )
         outcome = resume(runner, _finish_rebase)
-    return _result(project, outcome, test_retired)
+    return _result(project, outcome, test_retired, say)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -486,6 +655,20 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     add_operation_flags(p, "rebase", skip=True)
     p.add_argument("--reason", default="", help="why --skip drops the patch")
+    p.add_argument(
+        "--since",
+        metavar="VERSION",
+        default="",
+        help="with --skip --upstreamed: the release upstream has it from "
+        "(default: the release of the rebase)",
+    )
+    p.add_argument(
+        "--plan",
+        metavar="FILE",
+        help="retire or drop named patches as they come up: lines "
+        "'retire NAME SINCE REASON' or 'drop NAME REASON' (a finished rebase "
+        "records its decisions in patches/moves/OLD-to-NEW.plan)",
+    )
     p.add_argument(
         "--no-test-retired",
         dest="test_retired",
@@ -529,6 +712,14 @@ def _render(out: Output, result: RebaseResult) -> None:
         )
         rows = [[d.name, d.old, d.new, d.pinned or "-", d.action] for d in result.drift]
         out.out.append(table(["package", "old", "new", "pinned", "action"], rows))
+    if result.violations:
+        out.out.append("")
+        out.out.append(
+            f"test environment pins that sglang {onto} rejects (pyproject.toml; "
+            "changed or not):"
+        )
+        rows = [[d.name, d.pinned, d.new, d.action] for d in result.violations]
+        out.out.append(table(["package", "pinned", "requires", "since"], rows))
     if result.drift_note:
         out.out.append(f"note: {result.drift_note}")
     if result.report_file:
@@ -545,8 +736,14 @@ def execute(ctx: Context) -> Output:
     resuming = args.cont or args.skip or args.abort
     if resuming and (args.onto or args.wheel):
         raise UsageError("--continue, --skip and --abort take no --onto or --wheel")
-    if (args.reason or args.upstreamed) and not args.skip:
-        raise UsageError("--reason and --upstreamed go with --skip")
+    if (args.reason or args.upstreamed or args.since) and not args.skip:
+        raise UsageError("--reason, --upstreamed and --since go with --skip")
+    if args.since and not args.upstreamed:
+        raise UsageError(
+            "--since goes with --upstreamed: it says from when upstream has it"
+        )
+    if resuming and args.plan:
+        raise UsageError("--plan goes with --onto: it is read when the rebase starts")
     hook = _progress_hook(ctx)
     if args.abort:
         op, notes = abort_operation(project, "rebase")
@@ -558,10 +755,16 @@ def execute(ctx: Context) -> Output:
         out.data = {"aborted": True, "notes": notes, "ok": True}
         return out
     if args.cont:
-        result = continue_rebase(project, hook, args.test_retired)
+        result = continue_rebase(project, hook, args.test_retired, ctx.say)
     elif args.skip:
         result = skip_patch(
-            project, args.reason, args.upstreamed, hook, args.test_retired
+            project,
+            args.reason,
+            args.upstreamed,
+            hook,
+            args.test_retired,
+            args.since,
+            ctx.say,
         )
     else:
         if not args.onto:
@@ -571,7 +774,7 @@ def execute(ctx: Context) -> Output:
             )
         result = run_rebase(
             project, args.onto, ctx.path("wheel"), hook, ctx.progress,
-            args.test_retired,
+            args.test_retired, ctx.path("plan"), ctx.say,
         )  # fmt: skip
     _render(out, result)
     return out

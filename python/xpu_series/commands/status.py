@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sysconfig
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,8 @@ class TreeStatus:
     series_changed: bool = False
     operation: dict[str, Any] = field(default_factory=dict)
     broken: str = ""
+    # Where this interpreter's `import sglang` goes, when that is not `tree`.
+    imports_from: str = ""
 
     @property
     def ok(self) -> bool:
@@ -56,6 +59,7 @@ class TreeStatus:
             "series_changed": self.series_changed,
             "operation": self.operation,
             "broken": self.broken,
+            "imports_from": self.imports_from,
             "ok": self.ok,
         }
 
@@ -75,8 +79,46 @@ def run_status(project: Project, tree: Path) -> TreeStatus:
             "phase": op.phase,
             "describe": op.describe(),
             "tree": op.tree,
+            "stopped_at": op.current,
         }
+        if Path(op.tree) == tree:
+            status.patches = _operation_patches(op)
+    status.imports_from = _foreign_import(tree)
     return status
+
+
+def _operation_patches(op: Any) -> list[dict[str, str]]:
+    """The patches as the operation sees them: done (with how), the one it
+    stopped at, and what it has not tried yet."""
+    rows = [
+        {"name": d["name"], "status": d["status"], "commit": d.get("commit", "")}
+        for d in op.done
+    ]
+    todo = list(op.todo)
+    if op.stopped and todo:
+        rows.append(
+            {
+                "name": todo.pop(0),
+                "status": f"stopped ({op.current_detail.split(':', 1)[0]})",
+                "commit": "",
+            }
+        )
+    rows += [{"name": name, "status": "to do", "commit": ""} for name in todo]
+    return rows
+
+
+def _foreign_import(tree: Path) -> str:
+    """The tree this interpreter's virtualenv imports sglang from (its
+    xpu-series .pth), when it is another checkout's, or ''."""
+    from xpu_series.commands.apply import PTH_NAME
+
+    pth = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
+    try:
+        target = Path(pth.read_text(encoding="utf-8").strip())
+    except OSError:
+        return ""
+    mine = (tree / "python").resolve()
+    return "" if target.resolve() == mine else str(target)
 
 
 def _pin(project: Project) -> dict[str, str]:
@@ -100,6 +142,8 @@ def _status(project: Project, tree: Path) -> TreeStatus:
         return status
     status.exists = True
     record = read_record(git)
+    # A tree built for an older release carries the retired patches it needs.
+    series = project.series(record.get("version") or None)
     status.upstream = {
         "version": record.get("version", ""),
         "sha256": record.get("sha256", ""),
@@ -116,7 +160,10 @@ def _status(project: Project, tree: Path) -> TreeStatus:
     for patch in series.patches:
         subject = patch.header.subject if patch.exists else ""
         if subject and subject in by_subject:
-            state, commit = "applied", by_subject[subject]
+            # As the operation that built it said (a 3-way or hand merge).
+            how = recorded.get(patch.name, {}).get("status")
+            state = how if how in ("applied", "merged") else "applied"
+            commit = by_subject[subject]
             matched.add(subject)
         elif recorded.get(patch.name, {}).get("status") == "absorbed":
             state, commit = "absorbed", ""
@@ -155,9 +202,22 @@ def execute(ctx: Context) -> Output:
     if status.operation:
         op = status.operation
         lines.append(f"in progress: {op['describe']}")
+        kind = op["kind"]
+        steps = [f"'xpu-series {kind} --continue'"]
+        if kind == "rebase" and op.get("stopped_at"):
+            steps.append(f"'xpu-series {kind} --skip --reason TEXT [--upstreamed]'")
+        steps.append(f"'xpu-series {kind} --abort'")
+        lines.append("  next: " + ", ".join(steps[:-1]) + " or " + steps[-1])
+        if kind == "rebase":
+            lines.append(
+                "  patches/ is rewritten only when the rebase finishes: until then "
+                "it is the series as it was"
+            )
+    if status.imports_from:
         lines.append(
-            f"  next: 'xpu-series {op['kind']} --continue' or "
-            f"'xpu-series {op['kind']} --abort'"
+            f"note: this Python's virtualenv imports sglang from "
+            f"{status.imports_from}, not {status.tree}: run this checkout's own "
+            ".venv/bin/xpu-series to use its tree"
         )
     if status.broken:
         lines.append(f"tree: {status.tree} cannot be read: {status.broken}")

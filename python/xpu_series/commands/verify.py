@@ -22,7 +22,7 @@ from xpu_series.mutants import (
 )
 from xpu_series.project import Project
 from xpu_series.proof import Counts, PrefixRunner, Run, Worktrees, count
-from xpu_series.result import ExitCode, Report
+from xpu_series.result import TESTS_NEED_PORTING, ExitCode, Report
 from xpu_series.tree import UPSTREAM_TAG
 from xpu_series.ui import render_report, table
 
@@ -37,7 +37,7 @@ class PatchProof:
     tests: tuple[str, ...]
     without: Counts
     with_patch: Counts
-    verdict: str  # proven | vacuous | broken | untested | error
+    verdict: str  # proven | vacuous | tests-need-porting | untested | error
 
     @property
     def only_errors(self) -> bool:
@@ -92,12 +92,12 @@ def judge(without: Counts, with_patch: Counts) -> str:
     >>> judge(Counts(passed=3), Counts(passed=3))
     'vacuous'
     >>> judge(Counts(failed=3), Counts(passed=2, failed=1))
-    'broken'
+    'tests-need-porting'
     >>> judge(Counts(errors=1), Counts(passed=2))
     'proven'
     """
     if with_patch.failed or with_patch.errors or not with_patch.passed:
-        return "broken"
+        return TESTS_NEED_PORTING
     if not (without.failed or without.errors):
         return "vacuous"
     return "proven"

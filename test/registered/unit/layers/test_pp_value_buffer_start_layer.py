@@ -8,9 +8,14 @@ from types import SimpleNamespace
 from unittest import mock
 
 import torch
-from sglang.srt.configs.model_config import AttentionArch
+from sglang.srt.configs.model_config import AttentionArch, ModelConfig
+from sglang.srt.model_executor.model_runner import ModelRunner
+from sglang.srt.runtime_context import get_context
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from standins import single_rank, standin  # noqa: E402
 
 register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 
@@ -48,46 +53,48 @@ class _StagePool:
         return SimpleNamespace(shape=_ShapeProbe(layer_id))
 
 
-def _model_runner() -> SimpleNamespace:
-    return SimpleNamespace(
-        model_config=SimpleNamespace(
-            dtype=torch.bfloat16,
-            is_multimodal=False,
-            num_attention_heads=4,
-            head_dim=16,
-            get_num_kv_heads=lambda tp: 2,
-            attention_arch=AttentionArch.MHA,
-            context_len=128,
-        ),
+def _model_runner() -> ModelRunner:
+    """The stage's model runner, from the real classes with only these facts set."""
+    config = standin(
+        ModelConfig,
+        dtype=torch.bfloat16,
+        is_multimodal=False,
+        num_attention_heads=4,
+        head_dim=16,
+        get_num_kv_heads=lambda tp: 2,
+        attention_arch=AttentionArch.MHA,
+        context_len=128,
+    )
+    return standin(
+        ModelRunner,
+        model_config=config,
         device="cpu",
+        dtype=torch.bfloat16,
         kv_cache_dtype=torch.bfloat16,
         req_to_token_pool=SimpleNamespace(size=4, req_to_token=torch.zeros(4, 8)),
         token_to_kv_pool=_StagePool(),
+        tp_rank=0,
+        # Older releases read the rank through the runner's parallel state.
         ps=SimpleNamespace(tp_rank=0),
     )
-
-
-_BAGS = dict(
-    get_schedule=lambda: SimpleNamespace(page_size=1),
-    get_spec=lambda: SimpleNamespace(
-        speculative_num_draft_tokens=None, speculative_num_steps=None
-    ),
-    get_parallel=lambda: SimpleNamespace(attn_tp_size=1),
-)
 
 
 class TestValueBufferStartLayer(CustomTestCase):
     def _layer_read(self, construct) -> tuple[int, int]:
         """(layer whose value buffer was read, v_head_dim taken from it)."""
-        with self.assertRaises(_ValueBufferRead) as ctx:
+        # The config bags the backends read are published for real.
+        with (
+            get_context().override_server_args(device="cpu", page_size=1),
+            single_rank(),
+            self.assertRaises(_ValueBufferRead) as ctx,
+        ):
             construct(_model_runner())
         return ctx.exception.layer_id, ctx.exception.size
 
     def test_aiter_reads_the_stage_start_layer(self):
         from sglang.srt.layers.attention import aiter_backend
 
-        with mock.patch.multiple(aiter_backend, **_BAGS):
-            layer = self._layer_read(aiter_backend.AiterAttnBackend)
+        layer = self._layer_read(aiter_backend.AiterAttnBackend)
         self.assertEqual(layer, (START_LAYER, VALUE_BUFFER_SHAPE[-1]))
 
     def test_wave_reads_the_stage_start_layer(self):
@@ -111,16 +118,7 @@ class TestValueBufferStartLayer(CustomTestCase):
         with mock.patch.dict(sys.modules, stubs):
             from sglang.srt.layers.attention import wave_backend
 
-            exec_cfg = SimpleNamespace(
-                kernel=SimpleNamespace(triton_attention_num_kv_splits=8)
-            )
-            with mock.patch.multiple(
-                wave_backend,
-                get_spec=_BAGS["get_spec"],
-                get_parallel=_BAGS["get_parallel"],
-                get_exec=lambda: exec_cfg,
-            ):
-                layer = self._layer_read(wave_backend.WaveAttnBackend)
+            layer = self._layer_read(wave_backend.WaveAttnBackend)
         self.assertEqual(layer, (START_LAYER, VALUE_BUFFER_SHAPE[-1]))
 
 

@@ -1,6 +1,8 @@
 """XPU attention backend: which layer types reach the kernel with causal=True."""
 
+import sys
 import unittest
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -15,10 +17,17 @@ register_cpu_ci(est_time=10, suite="base-a-test-cpu")
 # reaches (flash_attn_with_kvcache) is replaced per test below.
 maybe_stub_sgl_kernel()
 
-from sglang.srt.configs.model_config import AttentionArch  # noqa: E402
+from sglang.srt.configs.model_config import AttentionArch, ModelConfig  # noqa: E402
 from sglang.srt.layers.attention import xpu_backend  # noqa: E402
 from sglang.srt.layers.radix_attention import AttentionType  # noqa: E402
-from sglang.srt.model_executor.forward_batch_info import ForwardMode  # noqa: E402
+from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
+    ForwardBatch,
+    ForwardMode,
+)
+from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from standins import single_rank, standin  # noqa: E402
 
 HEADS, HEAD_DIM, PAGE, TOKENS = 2, 8, 4, 3
 
@@ -30,15 +39,19 @@ def _backend() -> xpu_backend.XPUAttentionBackend:
             torch.zeros(PAGE * 4, HEADS, HEAD_DIM),
         )
     )
-    runner = SimpleNamespace(
+    runner = standin(
+        ModelRunner,
         sliding_window_size=None,
-        model_config=SimpleNamespace(
+        model_config=standin(
+            ModelConfig,
             is_encoder_decoder=False,
             context_len=64,
             hf_text_config=SimpleNamespace(num_attention_heads=HEADS),
             attention_arch=AttentionArch.MHA,
         ),
-        ps=SimpleNamespace(tp_size=1),
+        # Older releases read the width through the runner's parallel state.
+        ps=SimpleNamespace(tp_size=1, attn_tp_size=1),
+        tp_size=1,
         device="cpu",
         req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(1, 64)),
         token_to_kv_pool=pool,
@@ -56,9 +69,12 @@ def _backend() -> xpu_backend.XPUAttentionBackend:
     with (
         mock.patch.object(xpu_backend, "get_spec", return_value=spec),
         mock.patch.object(xpu_backend, "get_exec", return_value=exec_cfg),
+        single_rank(),
     ):
         backend = xpu_backend.XPUAttentionBackend(runner)
-    backend.forward_metadata = SimpleNamespace(
+    # The real metadata class: a field a newer release adds keeps its default.
+    metadata = xpu_backend.FlashAttentionMetadata()
+    for name, value in dict(
         page_table=torch.zeros(1, 4, dtype=torch.int32),
         cu_seqlens_q=torch.tensor([0, TOKENS], dtype=torch.int32),
         cache_seqlens_int32=torch.tensor([TOKENS], dtype=torch.int32),
@@ -73,7 +89,9 @@ def _backend() -> xpu_backend.XPUAttentionBackend:
         encoder_lens_int32=torch.tensor([TOKENS], dtype=torch.int32),
         encoder_cu_seqlens_k=torch.tensor([0, TOKENS], dtype=torch.int32),
         encoder_max_seq_len_k=TOKENS,
-    )
+    ).items():
+        setattr(metadata, name, value)
+    backend.forward_metadata = metadata
     return backend
 
 
@@ -109,7 +127,7 @@ class TestXPUAttentionCausalFlag(CustomTestCase):
             return torch.zeros(rows, HEADS, HEAD_DIM)
 
         backend = _backend()
-        batch = SimpleNamespace(forward_mode=mode, spec_info=None, batch_size=1)
+        batch = standin(ForwardBatch, forward_mode=mode, spec_info=None, batch_size=1)
         # EXTEND and TARGET_VERIFY (the mode DFLASH verifies drafts in) run
         # forward_extend over several tokens; DECODE runs forward_decode.
         extend = mode != ForwardMode.DECODE

@@ -1,8 +1,10 @@
-"""The scripted-runtime harness asks for the KV canary only where it can build."""
+"""The scripted-runtime harness launches, on every device, a KV canary the server
+can install there: none off CUDA, or one that runs where it is asked for."""
 
 import unittest
 from unittest import mock
 
+import torch
 from sglang.test import chunked_prefill_test_utils as chunked
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.scripted_runtime import http_server
@@ -15,6 +17,33 @@ CANARY = {
     "kv_canary_real_data": "partial",
     "kv_canary_sweep_interval": 100,
 }
+
+
+def _canary_runs_on(device: str) -> tuple[bool, bool]:
+    """(the canary can run on `device`, it needs decode graphs off there).
+
+    Up to 0.5.20 the canary's write/verify/plan kernels are CUDA-JIT only. From
+    0.5.21 sglang falls back to a torch reference off CUDA, which install_canary
+    accepts only without a captured decode.
+    """
+    try:
+        from sglang.kernels.ops.kv_canary._dispatch import use_torch_reference
+    except ImportError:
+        return device.split(":")[0] == "cuda", False
+    reference = use_torch_reference(torch.device(device))
+    return True, reference
+
+
+def _launch_problem(device: str, canary: bool, decode_graph_off: bool) -> str:
+    """Why a server asked for this canary on `device` cannot start, or ''."""
+    if not canary:
+        return ""
+    runs, needs_graph_off = _canary_runs_on(device)
+    if not runs:
+        return f"the KV canary cannot be built on {device}"
+    if needs_graph_off and not decode_graph_off:
+        return f"the canary's torch reference on {device} needs decode graphs off"
+    return ""
 
 
 def _no_hardware_probe():
@@ -32,30 +61,15 @@ class _RecordingContext:
         return mock.NonCallableMock(start=lambda: None)
 
 
-class TestCanaryLaunchKwargs(CustomTestCase):
-    def test_cuda_devices_get_the_three_knobs(self):
-        for device in ("cuda", "cuda:1"):
-            with self.subTest(device=device):
-                with mock.patch.object(http_server, "get_device", _no_hardware_probe):
-                    self.assertEqual(http_server.canary_launch_kwargs(device), CANARY)
+class TestHarnessServerLaunch(CustomTestCase):
+    """What the harness hands to the server process it spawns."""
 
-    def test_other_devices_get_nothing(self):
-        for device in ("xpu", "xpu:0", "cpu", "npu", "mps"):
-            with self.subTest(device=device):
-                with mock.patch.object(http_server, "get_device", _no_hardware_probe):
-                    self.assertEqual(http_server.canary_launch_kwargs(device), {})
-
-    def test_unset_device_asks_the_host(self):
-        for host, expected in (("xpu", {}), ("cuda", CANARY)):
-            with self.subTest(host=host):
-                with mock.patch.object(http_server, "get_device", return_value=host):
-                    self.assertEqual(http_server.canary_launch_kwargs(None), expected)
-
-
-class TestSpawnServerProcess(CustomTestCase):
-    def _launch(self, **engine_kwargs) -> dict:
+    def _launch(self, probe=_no_hardware_probe, **engine_kwargs) -> dict:
         ctx = _RecordingContext()
-        with mock.patch.object(http_server.mp, "get_context", return_value=ctx):
+        with (
+            mock.patch.object(http_server.mp, "get_context", return_value=ctx),
+            mock.patch.object(http_server, "get_device", probe),
+        ):
             http_server._spawn_server_process(
                 endpoint="ipc:///tmp/unused",
                 out_of_band_error_path=http_server.Path("/tmp/unused.json"),
@@ -64,10 +78,24 @@ class TestSpawnServerProcess(CustomTestCase):
         self.assertEqual(len(ctx.launches), 1)
         return ctx.launches[0]
 
-    def test_xpu_launch_carries_no_canary(self):
-        launch = self._launch(device="xpu", model_path="m")
-        self.assertFalse([k for k in launch if k.startswith("kv_canary")])
+    def _assert_startable(self, device: str, launch: dict) -> None:
+        problem = _launch_problem(
+            device,
+            canary=launch.get("kv_canary", "none") != "none",
+            decode_graph_off=launch.get("cuda_graph_backend_decode") == "disabled",
+        )
+        self.assertEqual(problem, "", launch)
         self.assertTrue(launch["disable_prefill_cuda_graph"])
+
+    def test_non_cuda_launches_are_startable(self):
+        for device in ("xpu", "xpu:0", "cpu"):
+            with self.subTest(device=device):
+                launch = self._launch(device=device, model_path="m")
+                self._assert_startable(device, launch)
+
+    def test_unset_device_asks_the_host(self):
+        launch = self._launch(probe=lambda: "xpu", model_path="m")
+        self._assert_startable("xpu", launch)
 
     def test_cuda_launch_keeps_the_canary(self):
         launch = self._launch(device="cuda", model_path="m")
@@ -75,8 +103,6 @@ class TestSpawnServerProcess(CustomTestCase):
         self.assertTrue(launch["disable_prefill_cuda_graph"])
 
     def test_explicit_canary_kwargs_win_over_the_harness_defaults_on_cuda(self):
-        # On CUDA the harness fills in its own canary knobs; a caller's value
-        # for the same knob must replace it, not be replaced by it.
         launch = self._launch(
             device="cuda", model_path="m", kv_canary="log", kv_canary_sweep_interval=7
         )
@@ -84,22 +110,29 @@ class TestSpawnServerProcess(CustomTestCase):
         self.assertEqual(launch["kv_canary_sweep_interval"], 7)
         self.assertEqual(launch["kv_canary_real_data"], CANARY["kv_canary_real_data"])
 
-    def test_explicit_canary_request_on_xpu_is_honoured(self):
-        launch = self._launch(device="xpu", model_path="m", kv_canary="raise")
-        self.assertEqual(launch["kv_canary"], "raise")
-        self.assertNotIn("kv_canary_sweep_interval", launch)
-
 
 class TestChunkedPrefillCanaryArgs(CustomTestCase):
+    """The chunked-prefill test utilities' server flags, prefill and decode side."""
+
+    def _assert_startable(self, host: str, args: list) -> None:
+        problem = _launch_problem(
+            host,
+            canary="--kv-canary" in args,
+            decode_graph_off="--cuda-graph-backend-decode=disabled" in args,
+        )
+        self.assertEqual(problem, "", args)
+
     def _prefill_args(self, host: str) -> list:
         mixin = chunked.ChunkedGsm8kMixin()
         with mock.patch.object(chunked, "get_device", return_value=host):
             return mixin.build_prefill_side_args()
 
-    def test_xpu_prefill_side_has_no_canary(self):
-        args = self._prefill_args("xpu")
-        self.assertNotIn("--kv-canary", args)
-        self.assertEqual(args[:2], ["--chunked-prefill-size", "256"])
+    def test_non_cuda_prefill_side_is_startable(self):
+        for host in ("xpu", "cpu"):
+            with self.subTest(host=host):
+                args = self._prefill_args(host)
+                self._assert_startable(host, args)
+                self.assertEqual(args[:2], ["--chunked-prefill-size", "256"])
 
     def test_cuda_prefill_side_keeps_the_canary(self):
         args = self._prefill_args("cuda")
@@ -121,9 +154,9 @@ class TestChunkedPrefillCanaryArgs(CustomTestCase):
                 mock.patch.object(PD, "launch_all", lambda h=host: launched.append(h)),
             ):
                 PD.setUpClass()
-            expected = [] if host == "xpu" else chunked.KV_CANARY_ARGS
             with self.subTest(host=host):
-                self.assertEqual(PD.extra_decode_args, [*expected, "--decode-flag"])
+                self.assertEqual(PD.extra_decode_args[-1], "--decode-flag")
+                self._assert_startable(host, PD.extra_decode_args)
         self.assertEqual(launched, ["xpu", "cuda"])
 
     def test_disabled_canary_stays_off_on_cuda(self):

@@ -1,7 +1,9 @@
 """Device-agnostic allocator probes and the scheduler's cache-reclaim log."""
 
 import logging
+import sys
 import unittest
+from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
@@ -12,6 +14,9 @@ from sglang.srt.managers.scheduler import Scheduler
 from sglang.srt.utils import common
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from standins import standin  # noqa: E402
 
 register_cpu_ci(est_time=12, suite="base-a-test-cpu")
 
@@ -80,10 +85,12 @@ class TestEmptyDeviceCache(CustomTestCase):
 
 
 class TestContinueGenerationReclaimLog(CustomTestCase):
-    """Scheduler.continue_generation with the active device module faked."""
+    """Scheduler.continue_generation with the active device module faked (the
+    boundary) on a scheduler built from the real class."""
 
     def _continue(self, device_module, mode=DisaggregationMode.NULL, queue=None):
-        fake_self = SimpleNamespace(
+        fake_self = standin(
+            Scheduler,
             disaggregation_mode=mode,
             disagg_decode_prealloc_queue=queue,
             _engine_paused=True,
