@@ -306,6 +306,15 @@ class Runner:
         for name in self.op.todo[1:]:
             other = self.patch(name)
             base = dict(name=name, concern=other.concern, files=other.files)
+            decision = self.decision(name)
+            if decision:
+                retire = decision["action"] == "retire"
+                rest.append(PatchOutcome(
+                    **base,
+                    status=PatchStatus.ABSORBED if retire else PatchStatus.SKIPPED,
+                    detail=f"the plan will {decision['action']} it",
+                ))  # fmt: skip
+                continue
             if failed_files.intersection(other.files):
                 rest.append(PatchOutcome(**base, status=PatchStatus.SKIPPED,
                             detail=f"touches a file of {patch.name}"))  # fmt: skip

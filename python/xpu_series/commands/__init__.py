@@ -24,6 +24,7 @@ VERBS = (
     "verify",
     "rebase",
     "range-diff",
+    "unregister",
 )
 
 

@@ -66,16 +66,23 @@ _REQ = re.compile(r"^([A-Za-z0-9][A-Za-z0-9._-]*)(\[[^\]]*\])?\s*(.*)$")
 
 
 def set_field(text: str, key: str, value: str) -> str:
-    """The patch text with `key: value` as the last header field (replacing one).
+    """The patch text with `key: value` in place of that field, or as the last
+    header field when it has none.
 
-    >>> set_field("Subject: x\\n\\nWhy.\\n\\nConcern: a\\n---\\ndiff\\n",
-    ...           "Applied-Upstream", "0.5.20").splitlines()[4:6]
-    ['Concern: a', 'Applied-Upstream: 0.5.20']
+    >>> text = "Subject: x\\n\\nWhy.\\n\\nUpstream-Status: Pending\\nConcern: a\\n---\\n"
+    >>> set_field(text, "Applied-Upstream", "0.5.20").splitlines()[4:7]
+    ['Upstream-Status: Pending', 'Concern: a', 'Applied-Upstream: 0.5.20']
+    >>> set_field(text, "Upstream-Status", "Backport [1]").splitlines()[4:6]
+    ['Upstream-Status: Backport [1]', 'Concern: a']
     """
     lines = text.splitlines(keepends=True)
     cut = next((i for i, line in enumerate(lines) if line == "---\n"), len(lines))
-    head = [line for line in lines[:cut] if not line.startswith(f"{key}:")]
-    return "".join([*head, f"{key}: {value}\n", *lines[cut:]])
+    field = f"{key}: {value}\n"
+    at = next((i for i in range(cut) if lines[i].startswith(f"{key}:")), None)
+    if at is None:
+        return "".join([*lines[:cut], field, *lines[cut:]])
+    head = [line for line in lines[at + 1 : cut] if not line.startswith(f"{key}:")]
+    return "".join([*lines[:at], field, *head, *lines[cut:]])
 
 
 def _rewrite_pin(text: str, old: dict[str, str], new: dict[str, str]) -> str:
@@ -488,7 +495,15 @@ def _test_retired(
         if not counts.total:
             verdict = "produced no outcome: run them by hand"
         elif counts.failed or counts.errors:
-            verdict = f"fail on the new base ({counts}): port them or unregister them"
+            verdict = (
+                f"fail on the new base ({counts}): port them, or remove them with "
+                f"'xpu-series unregister {entry['name']} --reason TEXT'"
+            )
+        elif not counts.passed:
+            verdict = (
+                f"skip on the new base ({counts.skipped} skipped): they speak only "
+                "for the older releases that still need the patch"
+            )
         else:
             verdict = (
                 f"pass on the new base ({counts}): kept as regression tests of "
