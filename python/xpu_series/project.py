@@ -48,12 +48,14 @@ class Project:
     def pin(self) -> Pin:
         return load_pin(self.patches_dir / "upstream.toml")
 
-    def series(self, version: str | None = None) -> Series:
+    def series(self, version: str | None = None, every_retired: bool = False) -> Series:
         """The series; for a release older than the pin, with the retired
-        patches that release still needs."""
+        patches that release still needs (`every_retired`: all of them)."""
         if version is None:
             return load_series(self.patches_dir)
-        return load_series_for(self.patches_dir, version, self.pin.version)
+        return load_series_for(
+            self.patches_dir, version, self.pin.version, every_retired
+        )
 
 
 def find_project(start: Path | None = None) -> Project:

@@ -280,8 +280,8 @@ def metadata_problems(series: Series, pin_version: str) -> list[str]:
     concerns: dict[str, str] = {}
     pin = version_tuple(pin_version)
     for patch in series.patches:
-        if not patch.exists:
-            continue
+        if not patch.exists or patch.retired:
+            continue  # a retired patch carried onto an older release is expected
         try:
             header = patch.header
         except SeriesError:
@@ -320,13 +320,18 @@ def _number(name: str) -> int | None:
     return int(head) if head.isdigit() else None
 
 
-def load_series_for(directory: Path, version: str | None, pin_version: str) -> Series:
+def load_series_for(
+    directory: Path, version: str | None, pin_version: str, every_retired: bool = False
+) -> Series:
     """The series as it applies to `version`: on a release older than the pin it
     also carries each retired patch (patches/upstreamed/) whose `Applied-Upstream:`
-    is above that release, placed by its number among the others."""
+    is above that release, placed by its number among the others. With
+    `every_retired` (the matrix) every retired patch is listed on every release:
+    where upstream has it, its header marks it absorbed and its tests speak for
+    upstream's behaviour."""
     series = load_series(directory)
     have, pin = version_tuple(version or ""), version_tuple(pin_version)
-    if have is None or pin is None or have >= pin:
+    if have is None or pin is None or (have >= pin and not every_retired):
         return series
     patches = list(series.patches)
     for path in sorted((directory / RETIRED_DIR).glob("*.patch")):
@@ -336,7 +341,7 @@ def load_series_for(directory: Path, version: str | None, pin_version: str) -> S
             continue
         since = version_tuple(patch.header.get("Applied-Upstream"))
         number = _number(patch.name)
-        if since is None or since <= have or number is None:
+        if since is None or number is None or (since <= have and not every_retired):
             continue
         at = next(
             (i for i, p in enumerate(patches) if (_number(p.name) or 0) > number),

@@ -259,3 +259,91 @@ def test_an_older_release_gets_the_retired_patches_it_still_needs(
     assert pinned.code == 0, pinned.err
     names = [p["name"] for p in json.loads(pinned.out)["patches"]]
     assert names == ["0002-fix-the-answer.patch", "0003-raise-the-limit.patch"]
+
+
+def test_status_says_when_this_python_imports_another_checkouts_tree(
+    project: Project, tmp_path: Path, monkeypatch
+) -> None:
+    import sysconfig
+
+    site = tmp_path / "site"
+    site.mkdir()
+    other = tmp_path / "other-clone" / "build" / "sglang" / "python"
+    (site / "xpu-series-tree.pth").write_text(f"{other}\n")
+    monkeypatch.setattr(sysconfig, "get_paths", lambda: {"purelib": str(site)})
+    text = project.run("status").out
+    assert f"imports sglang from {other}, not {project.tree}" in text
+    (site / "xpu-series-tree.pth").write_text(f"{project.tree / 'python'}\n")
+    assert "imports sglang from" not in project.run("status").out
+
+
+def test_drift_separates_what_changed_from_what_the_environment_violates(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    from conftest import BASE_FILES, build_wheel, wheel_name
+
+    (three_patches.root / "pyproject.toml").write_text(
+        '[project]\nname = "x"\n[project.optional-dependencies]\n'
+        'test = ["torch==2.14.1", "openai==3.0.0", "regex==1.0"]\n'
+    )
+    build_wheel(
+        tmp_path / "rebuilt.whl", BASE_FILES, requires=("openai==2.6.1", "regex")
+    )
+    new = tmp_path / "wheels" / wheel_name("0.0.2")
+    new.parent.mkdir()
+    build_wheel(
+        new, BASE_FILES, version="0.0.2",
+        requires=("openai==2.8.0", "regex==2.0", "torch==2.14.1"),
+    )  # fmt: skip
+    from xpu_series.commands.rebase import dependency_drift, environment_violations
+
+    pyproject = three_patches.root / "pyproject.toml"
+    drift = {r.name: r.action for r in dependency_drift(
+        tmp_path / "rebuilt.whl", new, pyproject)}  # fmt: skip
+    assert drift["openai"] == "openai==3.0.0 did not satisfy the old release either"
+    assert drift["regex"].startswith("change pyproject.toml: regex==1.0")
+    assert drift["torch"] == "the pinned version still satisfies it"
+    since = {r.name: r.action for r in environment_violations(
+        tmp_path / "rebuilt.whl", new, pyproject)}  # fmt: skip
+    assert since == {
+        "openai": "unmet by the old release too",
+        "regex": "unmet from this release",
+    }
+
+
+def test_unregister_follows_the_rebase_hint_and_records_why(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    tests = three_patches.root / "test"
+    tests.mkdir()
+    (tests / "test_value.py").write_text(
+        "from sglang.srt import flags\n\n\ndef test():\n    assert flags.VALUE == 2\n"
+    )
+    first = three_patches.patches / "0001-raise-value.patch"
+    first.write_text(
+        first.read_text().replace("---\n", "Tests: test/test_value.py\n---\n", 1)
+    )
+    wheel = newer(tmp_path)
+    plan = _plan(tmp_path, "retire 0001 0.0.2 upstream reverted VALUE on purpose")
+    result = three_patches.run(
+        "rebase", "--onto", "0.0.2", "--wheel", str(wheel), "--plan", str(plan)
+    )
+    assert result.code == 0, result.err
+    assert "running the tests of 1 retired patches on the new base" in result.err
+    hint = "xpu-series unregister 0001-raise-value.patch --reason TEXT"
+    assert hint in result.out
+    carried = three_patches.run("unregister", "0002", "--reason", "x")
+    assert carried.code == 2 and "carried by the series" in carried.err
+    no_reason = three_patches.run("unregister", "0001-raise-value.patch")
+    assert no_reason.code == 2 and "--reason" in no_reason.err
+    done = three_patches.run(
+        "unregister", "0001-raise-value.patch", "--reason", "upstream reverted it"
+    )
+    assert done.code == 0, done.err
+    assert not (tests / "test_value.py").exists()
+    retired = (three_patches.patches / "upstreamed/0001-raise-value.patch").read_text()
+    assert "Tests-Removed: test/test_value.py (upstream reverted it)\n" in retired
+    assert "\nTests:" not in retired
+    assert three_patches.run("check").code == 0
+    again = three_patches.run("unregister", "0001", "--reason", "again")
+    assert again.code == 2 and "names no Tests" in again.err

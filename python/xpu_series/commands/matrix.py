@@ -169,6 +169,8 @@ def classify(
         return UNTESTED
     if not without.total:
         return ERROR
+    if not (without.passed or without.failed or without.errors):
+        return UNTESTED  # every test skipped here (their reasons say why)
     if without.passed and not (without.failed or without.errors):
         return UPSTREAM_HAS_IT
     if status == str(PatchStatus.ABSORBED):
@@ -188,7 +190,7 @@ def _best_effort_tree(
     its record."""
     tree = project.build_dir / "matrix" / version / "tree"
     tree.parent.mkdir(parents=True, exist_ok=True)
-    series = project.series(version)
+    series = project.series(version, every_retired=True)
     with tree_lock(tree, f"xpu-series matrix {version}"):
         git = Git(tree)
         pin = project.pin.for_version(version)
@@ -223,7 +225,7 @@ def _measure(
 ) -> None:
     """Fill in the behaviour column of `version` for every patch."""
     git, steps, base = _best_effort_tree(project, version, wheel)
-    series = project.series(version).patches
+    series = project.series(version, every_retired=True).patches
     rows = {row.name: row for row in matrix.rows_}
     tests = [tuple(p.header.tests) for p in series]
     before = [base] + [commit for _status, commit in steps[:-1]]
@@ -244,6 +246,8 @@ def _measure(
     for k, (patch, spec) in enumerate(zip(series, tests, strict=True)):
         row = rows[patch.name]
         status, after = steps[k]
+        if row.text.get(version, "-") == "-":
+            row.text[version] = status  # a retired patch: check leaves it out
         without = count(outcomes.get(before[k], {}), spec)
         applied = status in (PatchStatus.APPLIED, PatchStatus.MERGED)
         with_patch = count(outcomes.get(after, {}), spec) if applied else None
@@ -262,11 +266,16 @@ def _measure(
 def _conclude(project: Project, matrix: Matrix) -> None:
     """Per patch: the first release that no longer needs it, and headers that
     disagree with the measurement."""
-    series = {p.name: p for v in matrix.versions for p in project.series(v).patches}
-    pin = version_tuple(project.pin.version) or ()
-    newer = [v for v in matrix.versions if (version_tuple(v) or ()) > pin]
+    series = {
+        p.name: p
+        for v in matrix.versions
+        for p in project.series(v, every_retired=True).patches
+    }
+    # Oldest first: a retired patch is no longer needed from its release, a
+    # carried one from the first newer release that has it.
+    ordered = sorted(matrix.versions, key=lambda v: version_tuple(v) or (10**6,))
     for row in matrix.rows_:
-        for version in newer:
+        for version in ordered:
             if row.text.get(version) == str(PatchStatus.ABSORBED):
                 why = "text: upstream has it"
             elif row.behaviour.get(version) == UPSTREAM_HAS_IT:
@@ -316,12 +325,14 @@ def run_matrix(
     for version in asked:
         if version not in wanted:
             wanted.append(version)
+    # Oldest first: the served releases, the pin, then the newer ones.
+    wanted.sort(key=lambda v: version_tuple(v) or (10**6,))
     matrix = Matrix(behaviour=behaviour, pin=project.pin.version)
     # One row per patch any of these releases carries (retired patches appear
     # on the older releases that still need them), in series order.
     names: list[str] = []
     for version in wanted:
-        for patch in project.series(version).patches:
+        for patch in project.series(version, every_retired=True).patches:
             if patch.name not in names:
                 names.append(patch.name)
     names.sort(key=lambda n: int(n[:4]) if n[:4].isdigit() else 10**6)

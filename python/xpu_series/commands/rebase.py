@@ -69,7 +69,8 @@ def set_field(text: str, key: str, value: str) -> str:
     """The patch text with `key: value` in place of that field, or as the last
     header field when it has none.
 
-    >>> text = "Subject: x\\n\\nWhy.\\n\\nUpstream-Status: Pending\\nConcern: a\\n---\\n"
+    >>> text = "Subject: x\\n\\nWhy.\\n\\nUpstream-Status: Pending\\nConcern: a\\n"
+    >>> text += "---\\n"
     >>> set_field(text, "Applied-Upstream", "0.5.20").splitlines()[4:7]
     ['Upstream-Status: Pending', 'Concern: a', 'Applied-Upstream: 0.5.20']
     >>> set_field(text, "Upstream-Status", "Backport [1]").splitlines()[4:6]
