@@ -10,6 +10,8 @@ One line per decision; patches not named are picked (carried as they apply):
 `retire NAME SINCE REASON`: upstream has the patch's behaviour from release SINCE
 (the patch goes to patches/upstreamed/ with `Applied-Upstream: SINCE`).
 `drop NAME REASON`: the patch is no longer wanted (patches/dropped/).
+`edit NAME`: stop after the patch is carried, so its commit can be amended
+(git's `edit`); `--continue` takes the amended commit.
 NAME is a series entry, or its number (`0004`).
 """
 
@@ -20,7 +22,7 @@ from dataclasses import dataclass
 from xpu_series.errors import UsageError
 from xpu_series.pin import version_tuple
 
-ACTIONS = ("retire", "drop")
+ACTIONS = ("retire", "drop", "edit")
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,7 @@ class Decision:
 
     def line(self) -> str:
         since = f" {self.since}" if self.action == "retire" else ""
-        return f"{self.action} {self.name}{since} {self.reason}"
+        return f"{self.action} {self.name}{since} {self.reason}".rstrip()
 
     def to_json(self) -> dict[str, str]:
         return {
@@ -76,14 +78,21 @@ def parse_plan(text: str, names: list[str], onto: str, source: str) -> list[Deci
         where = f"{source}:{number}"
         words = line.split()
         action = words[0]
+        if action == "edit" and len(words) == 2:
+            name = _resolve_name(words[1], names, where)
+            if name in seen:
+                raise UsageError(f"{where}: {name} is decided twice")
+            seen.add(name)
+            decisions.append(Decision("edit", name, ""))
+            continue
         if action == "pick":
             _resolve_name(words[1] if len(words) > 1 else "", names, where)
             continue
         if action not in ACTIONS:
             raise UsageError(
                 f"{where}: unknown action {action!r}",
-                hint="use 'retire NAME SINCE REASON', 'drop NAME REASON' or "
-                "'pick NAME'",
+                hint="use 'retire NAME SINCE REASON', 'drop NAME REASON', "
+                "'edit NAME' or 'pick NAME'",
             )
         need = 4 if action == "retire" else 3
         if len(words) < need:

@@ -5,7 +5,9 @@ the operation and never the user's work (stgit's transaction, git's rebase-apply
 from __future__ import annotations
 
 import hashlib
+import os
 import shutil
+import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -54,6 +56,8 @@ FinishHook = Callable[["Runner"], None]
 # Hand resolutions a rebase recorded, replayed when the same patch text meets the
 # same tree again (git's rerere, at the grain of a whole patch).
 RESOLUTIONS = "resolutions"
+# The detail of a stop the plan's `edit` asked for.
+EDIT_STOP = "stopped to edit (the plan asked)"
 
 
 def resolution_path(patch: Patch, version: str, tree_id: str) -> Path:
@@ -225,13 +229,24 @@ class Runner:
                 if self.on_patch:
                     self.on_patch(patch, len(op.done), total)
                 decision = self.decision(patch.name)
-                if decision:
+                editing = bool(decision) and decision["action"] == "edit"
+                if decision and not editing:
                     op.done.append(self._decided(patch, decision))
                     op.todo.pop(0)
                     self.save()
                     continue
-                status, detail = engine.commit_patch(git, patch, exact=exact)
-                status, detail = engine.settle(git, patch, status, detail, version)
+                replayed = self.replay_resolution(patch) if editing else ""
+                if replayed:
+                    status, detail = PatchStatus.MERGED, replayed
+                else:
+                    status, detail = engine.commit_patch(git, patch, exact=exact)
+                    status, detail = engine.settle(git, patch, status, detail, version)
+                if (
+                    editing
+                    and not replayed
+                    and status in (PatchStatus.APPLIED, PatchStatus.MERGED)
+                ):
+                    return self._stop_for_edit(patch, status)
                 if not status.ok:
                     replayed = self.replay_resolution(patch)
                     if replayed:
@@ -297,6 +312,13 @@ class Runner:
             "concern": patch.concern,
             "files": list(patch.files),
         }
+
+    def _stop_for_edit(self, patch: Patch, status: PatchStatus) -> Outcome:
+        """The plan's `edit`: the patch is committed; stop so it can be amended."""
+        self.op.current = patch.name
+        self.op.current_detail = f"{status}: {EDIT_STOP}"
+        self.save("stopped")
+        return Outcome(self.op, self.report(), finished=False)
 
     def _stop(self, patch: Patch, status: PatchStatus, detail: str) -> Outcome:
         """Report the rest (classified on the last good state), then leave the
@@ -376,6 +398,9 @@ class Runner:
         """Commit the human's resolution of the stopped patch, or refuse."""
         op, git = self.op, self.git
         patch = self.patch(op.current)
+        if op.current_detail.endswith(EDIT_STOP):
+            self._take_edit(patch)
+            return
         unmerged = unmerged_paths(git)
         marked = files_with_markers(git, sorted({*patch.files, *unmerged}))
         if unmerged or marked:
@@ -425,6 +450,53 @@ class Runner:
         op.todo.pop(0)
         op.current = op.current_detail = ""
         self.save("patches")
+
+    def _take_edit(self, patch: Patch) -> None:
+        """--continue after an `edit` stop: HEAD (amended or not) is the patch."""
+        op, git = self.op, self.git
+        if git.dirty_paths():
+            raise TreeError(
+                f"{op.tree} has changes that are not committed",
+                hint=f"'git -C {op.tree} commit --amend -a' them (or 'git -C "
+                f"{op.tree} checkout .' to drop them), then run "
+                f"'xpu-series {op.kind} --continue'",
+            )
+        head = git.out("rev-parse", "HEAD")
+        if head == op.last_good:
+            raise TreeError(
+                f"{op.current} has no commit on {op.tree} any more",
+                hint=f"use 'xpu-series {op.kind} --skip --reason TEXT' to drop it",
+            )
+        status = op.current_detail.split(":", 1)[0]
+        edited = git.out("rev-parse", "HEAD^{tree}") != self._carried_tree
+        done = self._done(
+            patch,
+            PatchStatus.MERGED if edited else PatchStatus(status),
+            "edited by hand" if edited else "",
+            head,
+        )
+        if edited:  # an edit is recorded and replayed like a resolution
+            done["resolved_on"] = git.out("rev-parse", f"{op.last_good}^{{tree}}")
+        op.done.append(done)
+        op.last_good = head
+        op.todo.pop(0)
+        op.current = op.current_detail = ""
+        self.save("patches")
+
+    @property
+    def _carried_tree(self) -> str:
+        """The tree the stopped patch gave before any edit (re-applied in a
+        scratch index from the last good commit)."""
+        patch = self.patch(self.op.current)
+        with tempfile.TemporaryDirectory(prefix="xpu-series-edit-") as tmp:
+            env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
+            self.git.run("read-tree", self.op.last_good, env=env)
+            applied = self.git.run(
+                "apply", "--cached", "-3", str(patch.path), check=False, env=env
+            )
+            if not applied.ok:
+                return ""
+            return self.git.run("write-tree", env=env).stdout.strip()
 
     def skip_current(self, record: dict) -> None:
         op, git = self.op, self.git

@@ -251,6 +251,9 @@ def test_an_older_release_gets_the_retired_patches_it_still_needs(
         "0003-raise-the-limit.patch",
     ]
     assert {p["status"] for p in data["patches"]} == {"applied"}
+    assert any(
+        "also gets the retired 0001-raise-value.patch" in n for n in data["notes"]
+    ), data["notes"]
     flags = (three_patches.tree / "python/sglang/srt/flags.py").read_text()
     assert flags.startswith("VALUE = 2")
     status = three_patches.run("status", "--json")
@@ -347,3 +350,37 @@ def test_unregister_follows_the_rebase_hint_and_records_why(
     assert three_patches.run("check").code == 0
     again = three_patches.run("unregister", "0001", "--reason", "again")
     assert again.code == 2 and "names no Tests" in again.err
+
+
+def test_plan_edit_stops_after_a_patch_and_the_amended_commit_is_carried(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    wheel = newer(tmp_path)
+    plan = _plan(tmp_path, "edit 0003")
+    stopped = three_patches.run(
+        "rebase", "--onto", "0.0.2", "--wheel", str(wheel), "--plan", str(plan)
+    )
+    assert stopped.code == 3, stopped.err
+    assert "stopped after 0003-raise-the-limit.patch so you can edit it" in stopped.err
+    third = three_patches.tree / "python/sglang/srt/third.py"
+    assert third.read_text() == "LIMIT = 20\n"
+    third.write_text("LIMIT = 30\n")
+    dirty = three_patches.run("rebase", "--continue")
+    assert dirty.code == 1 and "commit --amend" in dirty.err
+    git(three_patches.tree, "commit", "-q", "-a", "--amend", "--no-edit")
+    done = three_patches.run("rebase", "--continue", "--json")
+    assert done.code == 0, done.err
+    statuses = [p["status"] for p in json.loads(done.out)["patches"]]
+    assert statuses == ["applied", "applied", "merged"]
+    text = (three_patches.patches / "0003-raise-the-limit.patch").read_text()
+    assert "+LIMIT = 30" in text
+    recorded = [
+        rel
+        for rel in snapshot(three_patches.patches)
+        if rel.startswith("resolutions/0003-raise-the-limit/")
+    ]
+    assert len(recorded) == 1
+    assert (
+        "edit 0003-raise-the-limit.patch"
+        in (three_patches.patches / "moves/0.0.1-to-0.0.2.plan").read_text()
+    )

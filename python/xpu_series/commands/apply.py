@@ -30,6 +30,7 @@ from xpu_series.operation import Operation, copy_patches, require_idle
 from xpu_series.project import Project
 from xpu_series.result import ExitCode, PatchOutcome, PatchStatus, Report, UpstreamInfo
 from xpu_series.sequencer import (
+    EDIT_STOP,
     Outcome,
     Runner,
     abort_operation,
@@ -271,8 +272,16 @@ def run_apply(
     if problems:
         return _refused_report(series, problems, tree)
     tree.parent.mkdir(parents=True, exist_ok=True)
+    retired = [p.name for p in series.patches if p.retired]
+    older = (
+        f"sglang {options.version} is older than the pin {project.pin.version}: it "
+        f"also gets the retired {', '.join(retired)} (Applied-Upstream above it)"
+    )
     if options.scratch:
-        return _run_scratch(project, options, series, on_patch)
+        report = _run_scratch(project, options, series, on_patch)
+        if retired:
+            report.notes.append(older)
+        return report
     store = project.operations
     previous = store.load()
     half_built = (
@@ -324,7 +333,7 @@ def run_apply(
             report = _refused_report(series, unsafe, tree)
             report.upstream = runner.upstream_info()
             return report
-        runner.notes = notes + runner.notes
+        runner.notes = notes + runner.notes + ([older] if retired else [])
         outcome = resume(runner, _finish_apply)
         if backup:
             if git.rev("HEAD") == old_head:
@@ -357,6 +366,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def render_stop(out: Output, outcome: Outcome, verb: str) -> None:
     op = outcome.op
+    if op.current_detail.endswith(EDIT_STOP):
+        out.error(f"stopped after {op.current} so you can edit it (the plan asked)")
+        out.err.append(
+            f"hint: amend it with 'git -C {op.tree} commit --amend', then run "
+            f"'xpu-series {verb} --continue'; or drop it with 'xpu-series {verb} "
+            f"--skip --reason TEXT'; or undo everything with 'xpu-series {verb} "
+            "--abort'"
+        )
+        return
     files = outcome.stopped_files
     if files:
         where = f" (conflict markers in {', '.join(files)})"

@@ -233,9 +233,14 @@ def _retired_header(text: str, done: dict[str, Any], new_version: str) -> str:
 
 
 def decisions_of(op: Operation) -> list[Decision]:
-    """Every retire/drop decision of the rebase: the plan's and those of --skip."""
+    """Every decision of the rebase: the plan's (retire, drop, edit) and those of
+    --skip, in series order."""
     out = []
+    edits = {d["name"] for d in op.plan if d["action"] == "edit"}
     for done in op.done:
+        if done["name"] in edits:
+            out.append(Decision("edit", done["name"], ""))
+            continue
         if done.get("commit") or not done.get("reason"):
             continue
         retire = bool(done.get(UPSTREAMED))
