@@ -13,6 +13,7 @@ Run: .venv/bin/python scripts/bench_apply.py [--runs 5]
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import statistics
@@ -55,8 +56,12 @@ def main() -> int:
     parser.add_argument("--runs", type=int, default=5)
     args = parser.parse_args()
 
-    run([*CLI, "fetch"])  # make sure the wheel is cached (and its hash checked)
-    wheel = next((ROOT / "build" / "cache" / "wheels").glob("sglang-*.whl"))
+    # Make sure the wheel is cached (and its hash checked); the cache is
+    # content-addressed (wheels/<sha256>/<name>), so ask fetch where it is.
+    fetched = subprocess.run(
+        [*CLI, "fetch", "--json"], capture_output=True, text=True, check=True
+    )
+    wheel = Path(json.loads(fetched.stdout)["path"])
     patches = series_files()
     scratch = Path(tempfile.mkdtemp(prefix="bench-apply-", dir=ROOT / "build"))
     warm_tree = scratch / "warm"
@@ -73,8 +78,8 @@ def main() -> int:
     def cold_base() -> None:
         cache = scratch / "cold-cache"
         shutil.rmtree(cache, ignore_errors=True)
-        (cache / "wheels").mkdir(parents=True)
-        os.link(wheel, cache / "wheels" / wheel.name)
+        (cache / "wheels" / wheel.parent.name).mkdir(parents=True)
+        os.link(wheel, cache / "wheels" / wheel.parent.name / wheel.name)
         tree = scratch / "cold"
         shutil.rmtree(tree, ignore_errors=True)
         run([*CLI, "apply", "--tree", str(tree)], env={"XPU_SERIES_CACHE": str(cache)})

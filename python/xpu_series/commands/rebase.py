@@ -686,9 +686,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--plan",
         metavar="FILE",
-        help="retire or drop named patches as they come up: lines "
-        "'retire NAME SINCE REASON' or 'drop NAME REASON' (a finished rebase "
-        "records its decisions in patches/moves/OLD-to-NEW.plan)",
+        help="decide named patches as they come up: lines 'retire NAME SINCE "
+        "REASON', 'drop NAME REASON' or 'edit NAME' (stop after it to amend it); "
+        "a finished rebase records its decisions in patches/moves/OLD-to-NEW.plan",
     )
     p.add_argument(
         "--no-test-retired",
