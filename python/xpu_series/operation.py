@@ -59,6 +59,8 @@ class Operation:
     last_good: str = ""
     # The maintainer's decisions (plan.Decision.to_json), by patch, in plan order.
     plan: list[dict[str, Any]] = field(default_factory=list)
+    # At a plan's `edit` stop: the commit as carried, before the human's edit.
+    carried: str = ""
     started: str = ""
     pid: int = 0
 

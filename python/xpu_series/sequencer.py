@@ -5,9 +5,7 @@ the operation and never the user's work (stgit's transaction, git's rebase-apply
 from __future__ import annotations
 
 import hashlib
-import os
 import shutil
-import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -58,6 +56,12 @@ FinishHook = Callable[["Runner"], None]
 RESOLUTIONS = "resolutions"
 # The detail of a stop the plan's `edit` asked for.
 EDIT_STOP = "stopped to edit (the plan asked)"
+
+
+def _decided_status(decision: dict) -> PatchStatus:
+    """How a patch the plan retires (upstream has it) or drops is reported."""
+    return PatchStatus.ABSORBED if decision["action"] == "retire" else (
+        PatchStatus.SKIPPED)  # fmt: skip
 
 
 def resolution_path(patch: Patch, version: str, tree_id: str) -> Path:
@@ -276,7 +280,7 @@ class Runner:
         since = f" from {decision['since']}" if retire else ""
         done = self._done(
             patch,
-            PatchStatus.ABSORBED if retire else PatchStatus.SKIPPED,
+            _decided_status(decision),
             f"{decision['action']}d by the plan{since}: {decision['reason']}",
             "",
         )
@@ -317,6 +321,7 @@ class Runner:
         """The plan's `edit`: the patch is committed; stop so it can be amended."""
         self.op.current = patch.name
         self.op.current_detail = f"{status}: {EDIT_STOP}"
+        self.op.carried = self.git.out("rev-parse", "HEAD")  # to tell an edit
         self.save("stopped")
         return Outcome(self.op, self.report(), finished=False)
 
@@ -329,13 +334,10 @@ class Runner:
             other = self.patch(name)
             base = dict(name=name, concern=other.concern, files=other.files)
             decision = self.decision(name)
-            if decision:
-                retire = decision["action"] == "retire"
-                rest.append(PatchOutcome(
-                    **base,
-                    status=PatchStatus.ABSORBED if retire else PatchStatus.SKIPPED,
-                    detail=f"the plan will {decision['action']} it",
-                ))  # fmt: skip
+            if decision and decision["action"] != "edit":
+                will = f"the plan will {decision['action']} it"
+                rest.append(PatchOutcome(**base, status=_decided_status(decision),
+                                         detail=will))  # fmt: skip
                 continue
             if failed_files.intersection(other.files):
                 rest.append(PatchOutcome(**base, status=PatchStatus.SKIPPED,
@@ -468,7 +470,9 @@ class Runner:
                 hint=f"use 'xpu-series {op.kind} --skip --reason TEXT' to drop it",
             )
         status = op.current_detail.split(":", 1)[0]
-        edited = git.out("rev-parse", "HEAD^{tree}") != self._carried_tree
+        edited = git.out("rev-parse", "HEAD^{tree}") != git.out(
+            "rev-parse", f"{op.carried}^{{tree}}"
+        )
         done = self._done(
             patch,
             PatchStatus.MERGED if edited else PatchStatus(status),
@@ -480,23 +484,8 @@ class Runner:
         op.done.append(done)
         op.last_good = head
         op.todo.pop(0)
-        op.current = op.current_detail = ""
+        op.current = op.current_detail = op.carried = ""
         self.save("patches")
-
-    @property
-    def _carried_tree(self) -> str:
-        """The tree the stopped patch gave before any edit (re-applied in a
-        scratch index from the last good commit)."""
-        patch = self.patch(self.op.current)
-        with tempfile.TemporaryDirectory(prefix="xpu-series-edit-") as tmp:
-            env = {"GIT_INDEX_FILE": os.path.join(tmp, "index")}
-            self.git.run("read-tree", self.op.last_good, env=env)
-            applied = self.git.run(
-                "apply", "--cached", "-3", str(patch.path), check=False, env=env
-            )
-            if not applied.ok:
-                return ""
-            return self.git.run("write-tree", env=env).stdout.strip()
 
     def skip_current(self, record: dict) -> None:
         op, git = self.op, self.git

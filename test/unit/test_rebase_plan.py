@@ -15,6 +15,18 @@ from test_rebase import _conflicting_release, newer
 from xpu_series.operation import snapshot
 
 
+def _stop_at_0002(project: Project, wheel: Path) -> None:
+    """Start a rebase onto `wheel` that stops at 0002's conflict."""
+    assert project.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 3
+
+
+def _resolve_0002(project: Project, body: str = "return 42") -> None:
+    """Resolve 0002's conflict by hand and stage it, as the hint says."""
+    other = project.tree / "python/sglang/srt/other.py"
+    other.write_text(f"def answer():\n    {body}\n")
+    git(project.tree, "add", "-A")
+
+
 def _plan(tmp_path: Path, *lines: str) -> Path:
     path = tmp_path / "move.plan"
     path.write_text("\n".join(lines) + "\n")
@@ -81,9 +93,7 @@ def test_skip_upstreamed_records_since_and_reason_in_the_header(
     three_patches: Project, tmp_path: Path
 ) -> None:
     wheel = _conflicting_release(tmp_path)
-    assert (
-        three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 3
-    )
+    _stop_at_0002(three_patches, wheel)
     late = three_patches.run(
         "rebase", "--skip", "--upstreamed", "--since", "0.0.5", "--reason", "x"
     )
@@ -104,19 +114,14 @@ def test_a_file_written_under_patches_while_stopped_survives_the_write_out(
     three_patches: Project, tmp_path: Path
 ) -> None:
     wheel = _conflicting_release(tmp_path)
-    assert (
-        three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 3
-    )
+    _stop_at_0002(three_patches, wheel)
     notes = three_patches.patches / "NOTES.md"
     notes.write_text("why 0002 conflicts\n")
     # An edit of a file the write-out rewrites too is kept aside, not lost.
     mine = three_patches.patches / "0002-fix-the-answer.patch"
     my_edit = mine.read_text().replace("Fix the answer", "Fix the answer (mine)")
     mine.write_text(my_edit)
-    (three_patches.tree / "python/sglang/srt/other.py").write_text(
-        "def answer():\n    return 42\n"
-    )
-    git(three_patches.tree, "add", "-A")
+    _resolve_0002(three_patches)
     result = three_patches.run("rebase", "--continue")
     assert result.code == 0, result.err
     assert notes.read_text() == "why 0002 conflicts\n"
@@ -134,13 +139,8 @@ def test_a_hand_resolution_is_recorded_and_replayed_byte_for_byte(
     wheel = _conflicting_release(tmp_path)
     old_patches = tmp_path / "old-patches"
     shutil.copytree(three_patches.patches, old_patches)
-    assert (
-        three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 3
-    )
-    (three_patches.tree / "python/sglang/srt/other.py").write_text(
-        "def answer():\n    return 42  # resolved\n"
-    )
-    git(three_patches.tree, "add", "-A")
+    _stop_at_0002(three_patches, wheel)
+    _resolve_0002(three_patches, "return 42  # resolved")
     first = three_patches.run("rebase", "--continue", "--json")
     assert first.code == 0, first.err
     moved = snapshot(three_patches.patches)
@@ -173,9 +173,7 @@ def test_status_while_stopped_tells_each_patch_and_every_way_on(
     for args in (("init", "-q"), ("add", "-A"), ("commit", "-qm", "series")):
         git(three_patches.root, *args)
     wheel = _conflicting_release(tmp_path)
-    assert (
-        three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 3
-    )
+    _stop_at_0002(three_patches, wheel)
     status = three_patches.run("status", "--json")
     rows = {p["name"]: p["status"] for p in json.loads(status.out)["patches"]}
     assert rows == {
@@ -193,10 +191,7 @@ def test_status_while_stopped_tells_each_patch_and_every_way_on(
         "a rebase onto sglang 0.0.2" in refused.err and "an rebase" not in refused.err
     )
     # A hand resolution is what the rebase's own table calls it: merged.
-    (three_patches.tree / "python/sglang/srt/other.py").write_text(
-        "def answer():\n    return 42\n"
-    )
-    git(three_patches.tree, "add", "-A")
+    _resolve_0002(three_patches)
     assert three_patches.run("rebase", "--continue").code == 0
     rows = {
         p["name"]: p["status"]
@@ -209,13 +204,8 @@ def test_abort_keeps_a_hand_resolution_on_a_named_branch(
     three_patches: Project, tmp_path: Path
 ) -> None:
     wheel = newer(tmp_path, other="def answer():\n    return 40\n", third="LIMIT = 9\n")
-    assert (
-        three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 3
-    )
-    (three_patches.tree / "python/sglang/srt/other.py").write_text(
-        "def answer():\n    return 42  # by hand\n"
-    )
-    git(three_patches.tree, "add", "-A")
+    _stop_at_0002(three_patches, wheel)
+    _resolve_0002(three_patches, "return 42  # by hand")
     assert three_patches.run("rebase", "--continue").code == 3  # stops at 0003 now
     aborted = three_patches.run("rebase", "--abort")
     assert aborted.code == 0, aborted.err
@@ -298,16 +288,20 @@ def test_drift_separates_what_changed_from_what_the_environment_violates(
         new, BASE_FILES, version="0.0.2",
         requires=("openai==2.8.0", "regex==2.0", "torch==2.14.1"),
     )  # fmt: skip
-    from xpu_series.commands.rebase import dependency_drift, environment_violations
+    from xpu_series.commands.rebase import (
+        dependency_drift,
+        environment_violations,
+        pinned_test_env,
+        requires_dist,
+    )
 
-    pyproject = three_patches.root / "pyproject.toml"
-    drift = {r.name: r.action for r in dependency_drift(
-        tmp_path / "rebuilt.whl", new, pyproject)}  # fmt: skip
+    reqs = requires_dist(tmp_path / "rebuilt.whl"), requires_dist(new)
+    pins = pinned_test_env(three_patches.root / "pyproject.toml")
+    drift = {r.name: r.action for r in dependency_drift(*reqs, pins)}
     assert drift["openai"] == "openai==3.0.0 did not satisfy the old release either"
     assert drift["regex"].startswith("change pyproject.toml: regex==1.0")
     assert drift["torch"] == "the pinned version still satisfies it"
-    since = {r.name: r.action for r in environment_violations(
-        tmp_path / "rebuilt.whl", new, pyproject)}  # fmt: skip
+    since = {r.name: r.action for r in environment_violations(*reqs, pins)}
     assert since == {
         "openai": "unmet by the old release too",
         "regex": "unmet from this release",
@@ -384,3 +378,22 @@ def test_plan_edit_stops_after_a_patch_and_the_amended_commit_is_carried(
         "edit 0003-raise-the-limit.patch"
         in (three_patches.patches / "moves/0.0.1-to-0.0.2.plan").read_text()
     )
+
+
+def test_a_dropped_commit_at_an_edit_stop_follows_the_skip_hint(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    wheel = newer(tmp_path)
+    plan = _plan(tmp_path, "edit 0003")
+    stop = ("rebase", "--onto", "0.0.2", "--wheel", str(wheel), "--plan", str(plan))
+    assert three_patches.run(*stop).code == 3
+    git(three_patches.tree, "reset", "-q", "--hard", "HEAD~1")
+    refused = three_patches.run("rebase", "--continue")
+    assert refused.code == 1 and "has no commit" in refused.err
+    hint = "xpu-series rebase --skip --reason TEXT"
+    assert hint in refused.err
+    done = three_patches.run("rebase", "--skip", "--reason", "not wanted after all")
+    assert done.code == 0, done.err
+    dropped = three_patches.patches / "dropped/0003-raise-the-limit.patch"
+    assert "Dropped: 0.0.2: not wanted after all" in dropped.read_text()
+    assert three_patches.run("check").code == 0

@@ -345,11 +345,15 @@ def _shown(spec: str | None) -> str:
     return "-" if spec is None else spec or "any"
 
 
-def dependency_drift(old: Path, new: Path, pyproject: Path) -> list[DriftRow]:
+Requirements = dict[str, str]
+
+
+def dependency_drift(
+    before: Requirements, after: Requirements, pins: Requirements
+) -> list[DriftRow]:
     """What changed between the two releases' requirements, and what that change
-    asks of the test environment (only what the change itself causes)."""
-    before, after = requires_dist(old), requires_dist(new)
-    pins = pinned_test_env(pyproject)
+    asks of the test environment (only what the change itself causes).
+    `before`/`after`: the two wheels' requires_dist(); `pins`: pinned_test_env()."""
     rows = []
     for name in sorted(set(before) | set(after)):
         if before.get(name) == after.get(name):
@@ -380,12 +384,13 @@ def dependency_drift(old: Path, new: Path, pyproject: Path) -> list[DriftRow]:
     return rows
 
 
-def environment_violations(old: Path, new: Path, pyproject: Path) -> list[DriftRow]:
+def environment_violations(
+    before: Requirements, after: Requirements, pins: Requirements
+) -> list[DriftRow]:
     """Every pin of the test environment the new release's requirements reject,
     changed or not, and whether the old release rejected it too."""
-    before, after = requires_dist(old), requires_dist(new)
     rows = []
-    for name, pinned in sorted(pinned_test_env(pyproject).items()):
+    for name, pinned in sorted(pins.items()):
         spec = after.get(name)
         if spec is None or _satisfies(pinned, spec) is not False:
             continue
@@ -543,8 +548,11 @@ def _result(
             project.cache_dir / "wheels" / op.target["sha256"] / (op.target["wheel"])
         )
         pyproject = project.root / "pyproject.toml"
-        result.drift = dependency_drift(old_wheel.path, new_wheel, pyproject)
-        result.violations = environment_violations(old_wheel.path, new_wheel, pyproject)
+        # Each wheel's METADATA is read once for both tables.
+        reqs = requires_dist(old_wheel.path), requires_dist(new_wheel)
+        pins = pinned_test_env(pyproject)
+        result.drift = dependency_drift(*reqs, pins)
+        result.violations = environment_violations(*reqs, pins)
     except (XpuSeriesError, OSError, zipfile.BadZipFile, KeyError) as exc:
         result.drift_note = f"dependency drift not computed: {exc}"
     reports = project.build_dir / "reports"

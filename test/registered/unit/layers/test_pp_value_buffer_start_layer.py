@@ -10,7 +10,7 @@ from unittest import mock
 import torch
 from sglang.srt.configs.model_config import AttentionArch, ModelConfig
 from sglang.srt.model_executor.model_runner import ModelRunner
-from sglang.srt.runtime_context import get_context
+from sglang.srt.runtime_context import get_context, get_parallel
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -74,8 +74,9 @@ def _model_runner() -> ModelRunner:
         req_to_token_pool=SimpleNamespace(size=4, req_to_token=torch.zeros(4, 8)),
         token_to_kv_pool=_StagePool(),
         tp_rank=0,
-        # Older releases read the rank through the runner's parallel state.
-        ps=SimpleNamespace(tp_rank=0),
+        # Older releases read the widths through the runner's parallel state:
+        # the real one, which answers with single_rank()'s values.
+        ps=get_parallel(),
     )
 
 

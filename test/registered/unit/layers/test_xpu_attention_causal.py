@@ -25,6 +25,7 @@ from sglang.srt.model_executor.forward_batch_info import (  # noqa: E402
     ForwardMode,
 )
 from sglang.srt.model_executor.model_runner import ModelRunner  # noqa: E402
+from sglang.srt.runtime_context import get_parallel  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from standins import single_rank, standin  # noqa: E402
@@ -49,8 +50,9 @@ def _backend() -> xpu_backend.XPUAttentionBackend:
             hf_text_config=SimpleNamespace(num_attention_heads=HEADS),
             attention_arch=AttentionArch.MHA,
         ),
-        # Older releases read the width through the runner's parallel state.
-        ps=SimpleNamespace(tp_size=1, attn_tp_size=1),
+        # Older releases read the widths through the runner's parallel state:
+        # the real one, which answers with single_rank()'s values.
+        ps=get_parallel(),
         tp_size=1,
         device="cpu",
         req_to_token_pool=SimpleNamespace(req_to_token=torch.zeros(1, 64)),
