@@ -3,15 +3,18 @@ apply or rebase: `python interrupter.py WHERE SIGNAL -C PROJECT VERB ...`.
 
 WHERE is a phase name (the state was just saved with that phase), `checkout`
 (a new tree is cloned, not yet renamed in), `patchK` (right after the k-th patch
-was committed, before the state says so) or `write` (between the two renames that
-swap the new patches/ in).
+was committed, before the state says so), `write` (between the two renames that
+swap the new patches/ in), or a point of an overlay: `stageK` (after the k-th
+entry is staged, before the journal is committed), `commit` (the journal was just
+committed, nothing replaced yet) or `entryK` (right after the k-th file was
+replaced).
 """
 
 import os
 import signal
 import sys
 
-from xpu_series import cli, engine, sequencer, tree
+from xpu_series import cli, engine, overlay, sequencer, tree
 from xpu_series.commands import rebase
 
 
@@ -40,6 +43,26 @@ def arm(where: str, sig: int) -> None:
             return out
 
         engine.commit_patch = commit
+    elif where.startswith(("stage", "entry")):
+        name = "_stage_entry" if where.startswith("stage") else "_write_entry"
+        k, calls, real = int(where[5:]), [], getattr(overlay, name)
+
+        def step(*args, **kwargs):
+            out = real(*args, **kwargs)
+            calls.append(1)
+            if len(calls) == k:
+                hit()
+            return out
+
+        setattr(overlay, name, step)
+    elif where == "commit":
+        real_commit_journal = overlay._commit_journal
+
+        def commit_journal(*args):
+            real_commit_journal(*args)
+            hit()
+
+        overlay._commit_journal = commit_journal
     elif where == "write":
 
         def swap(new, target, old):

@@ -25,6 +25,7 @@ VERBS = (
     "rebase",
     "range-diff",
     "unregister",
+    "overlay",
 )
 
 
