@@ -2,13 +2,20 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shlex
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 from conftest import SCRIPTS
+
+ROOT = SCRIPTS.parent
+PIN = tomllib.loads((ROOT / "patches/upstream.toml").read_text())["upstream"]
+STOCK = f"lmsysorg/sglang:v{PIN['version']}-xpu"
 
 
 @pytest.fixture
@@ -57,8 +64,8 @@ def test_one_gpu(tmp_path: Path) -> None:
     assert cmd[cmd.index("--group-add") + 1] == "993"
     assert "ZE_AFFINITY_MASK=0" in env_of(cmd)
     assert not any(e.startswith("FI_TCP_IFACE") for e in env_of(cmd))
-    tail = cmd[cmd.index("lmsysorg/sglang:v0.5.20-xpu") :]
-    assert tail[:4] == ["lmsysorg/sglang:v0.5.20-xpu", "python3", "-m",
+    tail = cmd[cmd.index(STOCK) :]
+    assert tail[:4] == [STOCK, "python3", "-m",
                         "sglang.launch_server"]  # fmt: skip
     for flag, value in (
         ("--device", "xpu"),
@@ -140,3 +147,67 @@ def test_non_literal_name_is_refused() -> None:
     proc = serve("--model", "m", "--gpus", "1", "--render-gid", "5",
                  "--name", "$NAME", "--dry-run")  # fmt: skip
     assert proc.returncode == 2 and "not a literal docker name" in proc.stderr
+
+
+def describe(version: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "xpu_series", "-C", str(ROOT), "--json", "overlay",
+         "--describe", "--upstream", version],
+        capture_output=True, text=True, env=env, check=True,
+    )  # fmt: skip
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("version", [PIN["version"], PIN["serves-from"]])
+def test_fork_dry_run_prints_the_build_and_the_run_of_that_image(version: str) -> None:
+    proc = serve("--model", "m", "--gpus", "1", "--render-gid", "5", "--fork",
+                 "--sglang-version", version, "--dry-run")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    build, run = (shlex.split(line) for line in proc.stdout.strip().splitlines())
+    fork = describe(version)
+    tag = f"sglang-xpu:v{version}-xpu-s{fork['series_sha256'][:12]}"
+    assert build[:4] == ["docker", "build", "-f", str(ROOT / "docker/Dockerfile")]
+    args = [build[i + 1] for i, word in enumerate(build) if word == "--build-arg"]
+    assert f"SGLANG_VERSION={version}" in args
+    assert f"SERIES_SHA256={fork['series_sha256']}" in args
+    assert f"SERIES_VERSION={fork['version']}" in args
+    assert build[-3:] == ["-t", tag, str(ROOT)]
+    assert run[:2] == ["docker", "run"] and tag in run
+    assert run[run.index(tag) + 1 : run.index(tag) + 4] == [
+        "python3",
+        "-m",
+        "sglang.launch_server",
+    ]
+
+
+def test_fork_of_a_release_the_series_does_not_serve_is_refused() -> None:
+    proc = serve("--model", "m", "--gpus", "1", "--render-gid", "5", "--fork",
+                 "--sglang-version", "0.5.1", "--dry-run")  # fmt: skip
+    assert proc.returncode == 2
+    assert "the series serves sglang" in proc.stderr and "hint:" in proc.stderr
+    both = serve("--model", "m", "--gpus", "1", "--render-gid", "5", "--fork",
+                 "--image", "x", "--dry-run")  # fmt: skip
+    assert both.returncode == 2 and "drop one of them" in both.stderr
+
+
+@pytest.mark.parametrize("present", [True, False])
+def test_fork_builds_only_when_its_tag_is_missing(
+    tmp_path: Path, present: bool
+) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        f'echo "$*" >> {calls}\n'
+        f'if [ "$1 $2" = "image inspect" ]; then exit {0 if present else 1}; fi\n'
+    )
+    (bin_dir / "docker").chmod(0o755)
+    proc = serve("--model", "m", "--gpus", "1", "--render-gid", "5", "--fork",
+                 path=f"{bin_dir}:/usr/bin:/bin")  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    verbs = [line.split()[0] for line in calls.read_text().splitlines()]
+    assert verbs == (
+        ["ps", "image", "run"] if present else ["ps", "image", "build", "run"]
+    )

@@ -62,13 +62,16 @@ def serve() -> Iterator:
         server.server_close()
 
 
-def run(port: int, *extra: str, timeout: float = 20) -> tuple[int, str, float]:
+def run(
+    port: int, *extra: str, timeout: float = 20, env: dict | None = None
+) -> tuple[int, str, float]:
     start = time.monotonic()
     proc = subprocess.run(
         [sys.executable, str(SCRIPTS / "xpu-verify"), "--port", str(port), *extra],
         capture_output=True,
         text=True,
         timeout=timeout + 30,
+        env=env,
     )
     return proc.returncode, proc.stdout + proc.stderr, time.monotonic() - start
 
@@ -150,3 +153,46 @@ def test_dead_container_is_reported_as_died(tmp_path) -> None:
 def test_doctests() -> None:
     result = doctest.testmod(verify_script)
     assert result.attempted >= 3 and result.failed == 0
+
+
+def _docker_exec(tmp_path, answer: str, code: int = 0) -> dict:
+    """A docker CLI whose `ps` lists the container and whose `exec` answers."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "answer").write_text(answer)
+    (bin_dir / "docker").write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = ps ]; then echo srv; exit 0; fi\n'
+        f'if [ "$1" = exec ]; then cat {tmp_path / "answer"}; exit {code}; fi\n'
+    )
+    (bin_dir / "docker").chmod(0o755)
+    return {"PATH": f"{bin_dir}:/usr/bin:/bin"}
+
+
+def test_the_fork_container_says_which_series_it_serves(serve, tmp_path) -> None:
+    status = {
+        "ok": True,
+        "version": "0.5.23+xpu.sabc",
+        "provenance": {
+            "series_sha256": "abcdef0123456789" * 4,
+            "release": "0.5.23",
+            "patches": [{"name": "0003-x.patch"}, {"name": "0005-y.patch"}],
+        },
+        "files": [{"path": "sglang/a.py", "state": "intact"}],
+    }
+    port = serve({"content": "Hi there, nice to meet you today!"})
+    env = _docker_exec(tmp_path, json.dumps(status))
+    code, out, _ = run(port, "--container", "srv", env=env)
+    assert code == 0, out
+    assert (
+        "SERIES: sglang-xpu abcdef012345 on sglang 0.5.23 (2 patches, files intact)"
+        in out
+    )
+
+
+def test_a_stock_container_is_said_to_serve_upstream(serve, tmp_path) -> None:
+    port = serve({"content": "Hi there, nice to meet you today!"})
+    env = _docker_exec(tmp_path, "exec: xpu-series: not found", code=127)
+    code, out, _ = run(port, "--container", "srv", env=env)
+    assert code == 0, out
+    assert "SERIES: upstream sglang as released" in out

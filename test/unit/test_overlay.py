@@ -346,3 +346,45 @@ def test_the_hunk_applier_keeps_a_missing_final_newline(tmp_path: Path) -> None:
     from xpu_series.hunks import apply_diff
 
     assert apply_diff(diff, before, "p") == after
+
+
+def test_an_older_served_release_gets_the_series_as_it_applies_there(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    """Moved to 0.0.2 (where other.py gained a line above the patched one), the
+    series still serves 0.0.1: its overlay needs the exported 0.0.1 diff, says so,
+    and the hint writes it; a later change to the series makes it stale again."""
+    from test_rebase import newer
+
+    wheel = newer(tmp_path, other="# moved\ndef answer():\n    return 41\n")
+    assert (
+        three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 0
+    )
+    toml = three_patches.patches / "upstream.toml"
+    toml.write_text(
+        toml.read_text().replace("[upstream]\n", '[upstream]\nserves-from = "0.0.1"\n')
+    )
+    old = tmp_path / "old-site"
+    install_wheel(old, three_patches.wheel)
+    before = snapshot(old)
+    refused = three_patches.run("overlay", "--into", str(old))
+    assert refused.code == 4
+    assert "patches/overlay/0.0.1.diff does not exist" in refused.err
+    assert snapshot(old) == before
+    hint = refused.err.split("hint: run '", 1)[1].split("'", 1)[0]
+    assert three_patches.run(*hint.split()[1:]).code == 0
+    check = three_patches.run("overlay", "--export", "0.0.1", "--check")
+    assert check.code == 0 and "is current" in check.out
+    assert three_patches.run("overlay", "--into", str(old)).code == 0
+    assert (old / "sglang/srt/other.py").read_text() == "def answer():\n    return 42\n"
+    assert version_of(old).startswith("0.0.1+xpu.s")
+    record_matches(old)
+    assert three_patches.run("overlay", "--undo", "--into", str(old)).code == 0
+    assert snapshot(old) == before
+    three_patches.add_patch(
+        "python/sglang/srt/long.py", "LINE_1 = 5\n", "[XPU] Cut long"
+    )
+    stale = three_patches.run("overlay", "--into", str(old))
+    assert stale.code == 4 and "exported from another series" in stale.err
+    assert three_patches.run("overlay", "--export", "0.0.1", "--check").code == 1
+    assert snapshot(old) == before

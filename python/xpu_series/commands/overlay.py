@@ -19,21 +19,63 @@ import argparse
 from pathlib import Path
 
 from xpu_series.commands import Context, Output
-from xpu_series.errors import UsageError
+from xpu_series.commands.apply import ApplyOptions, allowed_prefixes, run_apply
+from xpu_series.errors import SeriesError, UsageError
+from xpu_series.git import Git
 from xpu_series.overlay import (
     OverlayReport,
+    describe,
+    export_text,
     python_site,
     read_status,
+    release_diff_path,
     run_overlay,
     run_undo,
 )
+from xpu_series.project import Project
 from xpu_series.result import ExitCode
+from xpu_series.tree import read_record
 
 HELP = "write the series into an installed sglang (undoable; checked first)"
 
 
+def run_export(project: Project, release: str, check: bool) -> tuple[Path, bool]:
+    """Apply the series to `release` in a scratch tree and write (or, with `check`,
+    compare) patches/overlay/<release>.diff; returns the path and whether it was
+    already up to date."""
+    if release == project.pin.version:
+        raise UsageError(
+            f"{release} is the pin: the overlay uses the patch files themselves",
+            hint="export an older release the series serves",
+        )
+    describe(project, release)  # refuses a release the series does not serve
+    tree = project.build_dir / "overlay-export" / release
+    report = run_apply(project, ApplyOptions(tree=tree, version=release, scratch=True))
+    bad = report.problems + [o.name for o in report.patches if not o.status.ok]
+    if bad:
+        raise SeriesError(
+            f"the series does not apply to sglang {release} ({', '.join(bad)})",
+            hint=f"run 'xpu-series check --upstream {release}' to see why",
+        )
+    git = Git(tree)
+    base = read_record(git)["base"]
+    diff = git.run(
+        "diff", "--full-index", "--no-renames", base, report.head, "--",
+        *allowed_prefixes(project),
+    ).stdout  # fmt: skip
+    text = export_text(project, release, diff)
+    path = release_diff_path(project, release)
+    same = path.is_file() and path.read_text(encoding="utf-8") == text
+    if not check and not same:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(text, encoding="utf-8")
+        tmp.replace(path)
+    return path, same
+
+
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    where = p.add_mutually_exclusive_group(required=True)
+    where = p.add_mutually_exclusive_group()
     where.add_argument(
         "--into",
         metavar="SITE_DIR",
@@ -51,6 +93,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="restore every original byte the overlay replaced",
     )
     what.add_argument(
+        "--describe",
+        action="store_true",
+        help="print what an overlay for --upstream (default: the pin) installs: "
+        "series sha256, version label, patches (no target needed)",
+    )
+    what.add_argument(
+        "--export",
+        metavar="VERSION",
+        help="write patches/overlay/VERSION.diff: the series as it applies to an "
+        "older served release (with --check: only say whether it is current)",
+    )
+    what.add_argument(
         "--status",
         action="store_true",
         help="say what is installed: release, overlay provenance, files intact",
@@ -60,6 +114,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="VERSION",
         help="the sglang release the install must be (default: whatever is "
         "installed, if the series serves it)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="with --export: exit 1 if the committed diff is not what export writes",
     )
     p.add_argument(
         "--force",
@@ -115,6 +174,38 @@ def execute(ctx: Context) -> Output:
     args = ctx.args
     if args.force and not args.undo:
         raise UsageError("--force only goes with --undo")
+    if args.check and not args.export:
+        raise UsageError("--check only goes with --export")
+    if args.export:
+        project = ctx.project()
+        path, same = run_export(project, args.export, args.check)
+        rel = path.relative_to(project.root).as_posix()
+        out = Output(data={"ok": same or not args.check, "path": rel, "current": same})
+        if same:
+            out.out.append(f"{rel} is current")
+        elif args.check:
+            out.code = ExitCode.FAILED
+            out.error(
+                f"{rel} is not what the series gives on sglang {args.export}",
+                hint=f"run 'xpu-series overlay --export {args.export}' and commit it",
+            )
+        else:
+            out.out.append(f"wrote {rel}")
+        return out
+    if args.describe:
+        data = describe(ctx.project(), args.upstream)
+        lines = [
+            f"release {data['release']}",
+            f"series sha256 {data['series_sha256']}",
+            f"version {data['version']}",
+            *(f"  {name}" for name in data["patches"]),
+        ]
+        return Output(out=lines, data=data)
+    if not (args.into or args.python):
+        raise UsageError(
+            "say which install: --into SITE_DIR or --python PATH",
+            hint="xpu-series overlay --into /opt/venv/lib/python3.12/site-packages",
+        )
     site = _site(ctx)
     if args.status:
         report = read_status(site)

@@ -1,0 +1,183 @@
+#!/usr/bin/env python3
+"""CI: the fork installed the way the XPU image gets it, on a real pip install.
+
+For the pin and each other release the series serves: the sglang wheel is installed
+with pip into a scratch virtualenv, `docker/install-fork.sh` (what docker/Dockerfile
+runs) overlays it, and then:
+- on the pin, each carried patch's registered tests run against that installed,
+  overlaid sglang (and it is checked that they imported it from there);
+- `overlay --undo` gives back every file's original sha256;
+- after a second overlay, `pip uninstall sglang` still removes every file;
+- on an older release, patches/overlay/<release>.diff is what `overlay --export`
+  writes from the series.
+Prints one line per release with its time. Exit 0 only when every check held.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+import tomllib
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = ROOT / ".venv" / "bin" / "python"
+TOOL = ROOT / ".venv" / "bin" / "xpu-series"
+
+
+class Failed(Exception):
+    """One check did not hold; the message says which."""
+
+
+def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if proc.returncode != 0:
+        raise Failed(
+            f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
+            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
+def snapshot(site: Path) -> dict[str, str]:
+    return {
+        p.relative_to(site).as_posix(): hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(site.rglob("*"))
+        if p.is_file() and "__pycache__" not in p.parts
+    }
+
+
+def served_releases() -> list[str]:
+    pin = tomllib.loads((ROOT / "patches/upstream.toml").read_text())["upstream"]
+    low = tuple(int(x) for x in pin.get("serves-from", pin["version"]).split("."))
+    high = tuple(int(x) for x in pin["version"].split("."))
+    return [
+        ".".join(map(str, (*high[:-1], n)))
+        for n in range(low[-1], high[-1] + 1)
+        if low[:-1] == high[:-1]
+    ]
+
+
+def carried_tests() -> list[str]:
+    """Every test the carried patches name in their `Tests:` lines."""
+    sys.path.insert(0, str(ROOT / "python"))
+    from xpu_series.project import Project
+
+    tests: list[str] = []
+    for patch in Project(ROOT).series().patches:
+        tests += [t for t in patch.header.tests if t not in tests]
+    return tests
+
+
+def fetch(release: str) -> Path | None:
+    proc = subprocess.run(
+        [str(TOOL), "--json", "fetch", "--upstream", release],
+        capture_output=True,
+        text=True,
+    )
+    if proc.returncode != 0:
+        if "could not reach the package index" in proc.stderr:
+            return None
+        raise Failed(f"fetch {release}: {proc.stderr.strip()}")
+    return Path(json.loads(proc.stdout)["path"])
+
+
+def check_release(release: str, wheel: Path, work: Path, tests: list[str]) -> str:
+    shutil.rmtree(work, ignore_errors=True)
+    venv = work / "venv"
+    run([sys.executable, "-m", "venv", "--without-pip", str(venv)])
+    vpy = venv / "bin" / "python"
+    pip = [str(PY), "-m", "pip", "--disable-pip-version-check", "-q"]
+    run(
+        [*pip, "--python", str(vpy), "install", "--no-deps", "--no-compile", str(wheel)]
+    )
+    site = Path(
+        run(
+            [
+                str(vpy),
+                "-c",
+                "import sysconfig; print(sysconfig.get_paths()['purelib'])",
+            ]
+        ).stdout.strip()
+    )
+    before = snapshot(site)
+    run(
+        [str(ROOT / "docker/install-fork.sh"), "--python", str(vpy), "--upstream",
+         release, "--bin", str(work / "bin")]
+    )  # fmt: skip
+    launcher = str(work / "bin" / "xpu-series")
+    status = json.loads(
+        run([launcher, "--json", "overlay", "--status", "--python", str(vpy)]).stdout
+    )
+    if not status["provenance"] or {f["state"] for f in status["files"]} != {"intact"}:
+        raise Failed(f"{release}: overlay --status does not show an intact overlay")
+    done = [f"{len(status['files'])} files, version {status['version']}"]
+    if tests:
+        env = dict(os.environ, PYTHONPATH=str(site))
+        where = run([str(PY), "-c", "import sglang; print(sglang.__file__)"], env=env)
+        if not where.stdout.strip().startswith(str(site)):
+            raise Failed(f"the tests would import sglang from {where.stdout.strip()}")
+        proc = run(
+            [str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+            env=env,
+            cwd=ROOT,
+        )
+        done.append(proc.stdout.strip().splitlines()[-1])
+    run([launcher, "overlay", "--undo", "--python", str(vpy)])
+    after = snapshot(site)
+    if after != before:
+        diff = sorted(
+            k for k in before.keys() | after.keys() if before.get(k) != after.get(k)
+        )
+        raise Failed(f"{release}: --undo left files different: {', '.join(diff[:10])}")
+    done.append(f"undo: {len(before)} files back to their sha256")
+    run([launcher, "overlay", "--python", str(vpy), "--upstream", release])
+    run([*pip, "--python", str(vpy), "uninstall", "-y", "sglang"])
+    left = [p for p in site.iterdir() if p.name.startswith("sglang")]
+    if left:
+        raise Failed(f"{release}: pip uninstall left {', '.join(p.name for p in left)}")
+    done.append("pip uninstall: nothing left")
+    return "; ".join(done)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("releases", nargs="*", help="default: every served release")
+    parser.add_argument("--work", default=str(ROOT / "build" / "overlay"))
+    args = parser.parse_args()
+    pin = tomllib.loads((ROOT / "patches/upstream.toml").read_text())["upstream"]
+    releases = args.releases or served_releases()
+    tests = carried_tests()
+    failed = 0
+    for release in releases:
+        start = time.monotonic()
+        try:
+            wheel = fetch(release)
+            if wheel is None:
+                print(f"{release}: skipped, the package index cannot be reached")
+                continue
+            if release != pin["version"]:
+                # The committed diff of that release must be what export writes.
+                run([str(TOOL), "overlay", "--export", release, "--check"])
+            said = check_release(
+                release,
+                wheel,
+                Path(args.work) / release,
+                tests if release == pin["version"] else [],
+            )
+            print(f"{release}: ok in {time.monotonic() - start:.1f} s: {said}")
+        except Failed as exc:
+            failed += 1
+            print(f"{release}: FAILED in {time.monotonic() - start:.1f} s: {exc}")
+        sys.stdout.flush()
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
