@@ -9,6 +9,9 @@ are noise and the sweep should be repeated with more prompts.
 
     python scripts/bench_chunked_prefill.py --model Qwen/Qwen3-0.6B --device xpu \\
         --input-len 4096 --num-prompts 64
+
+The random dataset draws its prompts' tokens from ShareGPT, which it downloads;
+offline, pass a local ShareGPT-format json with --dataset-path.
 """
 
 from __future__ import annotations
@@ -101,6 +104,7 @@ def bench_command(args: argparse.Namespace, size: int, result: Path) -> list[str
         "--random-output-len", str(args.output_len), "--random-range-ratio", "1.0",
         "--num-prompts", str(args.num_prompts), "--seed", str(args.seed),
         "--chunked-prefill-size", str(size), "--result-filename", str(result),
+        *(["--dataset-path", str(args.dataset_path)] if args.dataset_path else []),
         *args.extra,
     ]  # fmt: skip
 
@@ -118,6 +122,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--output-len", type=int, default=1)
     parser.add_argument("--num-prompts", type=int, default=64)
     parser.add_argument("--seed", type=int, default=42)
+    parser.add_argument(
+        "--dataset-path", help="local ShareGPT json for the prompts (else download)"
+    )
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- server args")
     args = parser.parse_args(argv)
     args.extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra

@@ -9,6 +9,13 @@ chunking, whatever its numbers.
 
     python scripts/gsm8k_chunked_ab.py --model Qwen/Qwen3-0.6B --device xpu \\
         --chunk 256 --num-questions 200 --num-shots 8
+
+--data FILE reads the questions from a local GSM8K-format jsonl (one
+{"question", "answer"} object per line) instead of downloading the test set.
+--compare-tokens also checks that both runs generated the same text for every
+question and names the first one that differs (exit 1). On a deterministic device
+(the CPU stand-in) greedy decoding must not depend on how the prompt was chunked,
+so this is a stronger check of the chunked KV path than a score difference.
 """
 
 from __future__ import annotations
@@ -174,15 +181,45 @@ def ask(url: str, prompt: str, max_tokens: int) -> tuple[str, int]:
     return out["text"], int(out["meta_info"]["prompt_tokens"])
 
 
-def score(url: str, prompts: list[tuple[str, str]], args) -> tuple[list[bool], list]:
+@dataclass
+class Run:
+    """One side of the A/B: per question, right or wrong, prompt tokens, text."""
+
+    correct: list[bool]
+    prompt_tokens: list[int]
+    texts: list[str]
+
+
+def score(url: str, prompts: list[tuple[str, str]], args) -> Run:
     with ThreadPoolExecutor(args.parallel) as pool:
         answers = list(pool.map(lambda p: ask(url, p[0], args.max_tokens), prompts))
     correct = [extract_answer(text) == label for (text, _), (_, label) in zip(
         answers, prompts, strict=True)]  # fmt: skip
-    return correct, [tokens for _, tokens in answers]
+    return Run(correct, [t for _, t in answers], [text for text, _ in answers])
 
 
-def run_with_server(args, chunk: int, prompts) -> tuple[list[bool], list]:
+def first_mismatch(on: Sequence[str], off: Sequence[str]) -> str | None:
+    """Where the two runs' generations first differ, or None if they never do.
+
+    >>> first_mismatch(["a b", "c"], ["a b", "c"]) is None
+    True
+    >>> first_mismatch(["same", "abcX"], ["same", "abcY"])
+    "question 1 differs at character 3: chunked 'X', unchunked 'Y'"
+    """
+    for index, (a, b) in enumerate(zip(on, off, strict=True)):
+        if a != b:
+            at = next(
+                (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
+                min(len(a), len(b)),
+            )
+            return (
+                f"question {index} differs at character {at}: chunked "
+                f"{a[at : at + 20]!r}, unchunked {b[at : at + 20]!r}"
+            )
+    return None
+
+
+def run_with_server(args, chunk: int, prompts) -> Run:
     from sglang.srt.utils import kill_process_tree
     from sglang.test.test_utils import popen_launch_server
 
@@ -218,6 +255,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--parallel", type=int, default=16)
     parser.add_argument("--seed", type=int, default=42)
     parser.add_argument("--data", type=Path, help="GSM8K test.jsonl (else download)")
+    parser.add_argument(
+        "--compare-tokens",
+        action="store_true",
+        help="also require the same generated text on both sides (exit 1 if not)",
+    )
     parser.add_argument("server_args", nargs=argparse.REMAINDER)
     args = parser.parse_args(argv)
     args.server_args = (
@@ -226,14 +268,27 @@ def main(argv: list[str] | None = None) -> int:
     if not ((args.url_on and args.url_off) or args.model):
         parser.error("give --url-on and --url-off, or --model to start servers")
     prompts = build_prompts(load_gsm8k(args.data), args.num_shots, args.num_questions)
+    if len(prompts) < args.num_questions:
+        print(
+            f"note: {len(prompts)} questions after the {args.num_shots} shots "
+            f"(asked for {args.num_questions})"
+        )
+    if not prompts:
+        parser.error("the data file has no question left after the shots")
     if args.model:
-        on, tokens = run_with_server(args, args.chunk, prompts)
-        off, _ = run_with_server(args, -1, prompts)
+        on = run_with_server(args, args.chunk, prompts)
+        off = run_with_server(args, -1, prompts)
     else:
-        on, tokens = score(args.url_on, prompts, args)
-        off, _ = score(args.url_off, prompts, args)
-    result = paired_stats(on, off)
-    print(render(result, args.chunk, crossed_count(tokens, args.chunk)))
+        on = score(args.url_on, prompts, args)
+        off = score(args.url_off, prompts, args)
+    result = paired_stats(on.correct, off.correct)
+    print(render(result, args.chunk, crossed_count(on.prompt_tokens, args.chunk)))
+    if args.compare_tokens:
+        mismatch = first_mismatch(on.texts, off.texts)
+        if mismatch:
+            print(f"MISMATCH: {mismatch}")
+            return 1
+        print(f"same generations: all {len(prompts)} answers identical")
     return 0
 
 

@@ -7,7 +7,14 @@ from dataclasses import dataclass, field
 
 _FIELD = re.compile(r"^([A-Z][A-Za-z-]+):\s*(.*)$")
 # Fields we interpret; any other `Key: value` line in the description is kept verbatim.
-KNOWN_FIELDS = ("Upstream-Status", "Applied-Upstream", "Concern", "Origin", "Tests")
+KNOWN_FIELDS = (
+    "Upstream-Status",
+    "Applied-Upstream",
+    "Concern",
+    "Origin",
+    "Tests",
+    "Fast-Tests",
+)
 # DEP-3's values: Pending, Submitted [where], Backport [version], Inappropriate [why].
 _STATUS = re.compile(
     r"^(Pending|Submitted( \[[^\]]+\])?|Backport \[[^\]]+\]|Inappropriate \[[^\]]+\])$"
@@ -36,12 +43,28 @@ class PatchHeader:
     def concern(self) -> str:
         return self.get("Concern")
 
-    @property
-    def tests(self) -> list[str]:
+    def _listed(self, key: str) -> list[str]:
         out: list[str] = []
-        for value in self.get_all("Tests"):
+        for value in self.get_all(key):
             out.extend(v for v in value.replace(",", " ").split() if v)
         return out
+
+    @property
+    def tests(self) -> list[str]:
+        return self._listed("Tests")
+
+    @property
+    def fast_tests(self) -> list[str]:
+        """What runs many times (per mutant in `verify --mutants`, per release in
+        `matrix --behaviour`): `Fast-Tests:` when the patch names some, else its
+        `Tests:`. A patch whose `Tests:` start real servers names the ones that do
+        not; `verify` still runs all of `Tests:` with and without the patch.
+
+        >>> fields = (("Tests", "t/a.py t/b.py"), ("Fast-Tests", "t/a.py::Fast"))
+        >>> PatchHeader("s", "d", fields).fast_tests
+        ['t/a.py::Fast']
+        """
+        return self._listed("Fast-Tests") or self.tests
 
 
 def parse_header(text: str) -> PatchHeader:

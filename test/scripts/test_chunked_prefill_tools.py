@@ -82,7 +82,7 @@ def test_bench_flags_a_noisy_sweep() -> None:
 def test_bench_command_passes_the_size_and_result_file(tmp_path: Path) -> None:
     args = SimpleNamespace(
         model="m", device="xpu", input_len=4096, output_len=1, num_prompts=8,
-        seed=1, extra=["--page-size", "64"],
+        seed=1, extra=["--page-size", "64"], dataset_path=None,
     )  # fmt: skip
     cmd = bench.bench_command(args, 512, tmp_path / "x.jsonl")
     assert cmd[1:3] == ["-m", "sglang.benchmark.offline_throughput"]

@@ -129,3 +129,18 @@ def test_refresh_prune_hint_followed_drops_only_what_the_tree_lacks(
     lines = (three_patches.patches / "series").read_text().splitlines()
     assert lines == ["# test series", "0001-raise-value.patch"]
     assert three_patches.run("refresh", "--check").code == 0
+
+
+def test_a_new_patch_is_numbered_after_the_retired_ones(
+    three_patches: Project,
+) -> None:
+    """A retired 0007 still applies by its number on older releases; a new patch
+    must not take a number a retired one holds."""
+    retired = three_patches.patches / "upstreamed"
+    retired.mkdir()
+    (retired / "0007-old-fix.patch").write_text("Subject: [XPU] Old fix\n")
+    three_patches.add_patch(
+        "python/sglang/srt/long.py", "LINE_1 = 3\n", "[XPU] Shorten long"
+    )
+    names = [p.name for p in three_patches.patches.glob("*.patch")]
+    assert "0008-shorten-long.patch" in names, names

@@ -72,12 +72,18 @@ def _new_name(taken: set[str], subject: str) -> PatchName:
     return PatchName(f"{number:04d}-{slugify(subject)}.patch")
 
 
-def match_names(subjects: list[str], entries: list[tuple[str, str]]) -> list[str]:
+def match_names(
+    subjects: list[str],
+    entries: list[tuple[str, str]],
+    reserved: frozenset[str] = frozenset(),
+) -> list[str]:
     """The series name of each commit: identity survives reorders and rewordings.
 
     A commit takes the entry with its subject; the commits left take the entries
     left in series order (a reworded subject keeps its file); any commit beyond
-    that is new. `entries` is (name, subject) in series order.
+    that is new, numbered after every name in use, the `reserved` ones too (the
+    retired patches: an older release still carries them by their number).
+    `entries` is (name, subject) in series order.
 
     >>> match_names(["B", "A2"], [("0001-a.patch", "A"), ("0002-b.patch", "B")])
     ['0002-b.patch', '0001-a.patch']
@@ -95,7 +101,7 @@ def match_names(subjects: list[str], entries: list[tuple[str, str]]) -> list[str
         else:
             names.append(None)
     left = [name for name, _subject in entries if name not in used]
-    taken = {name for name, _subject in entries}
+    taken = {name for name, _subject in entries} | set(reserved)
     out: list[str] = []
     for subject, name in zip(subjects, names, strict=True):
         if name is None:
@@ -147,7 +153,12 @@ def run_refresh(
             hint="finish applying the series first ('xpu-series status' shows "
             "what is missing), or pass --prune if dropping patches is what you want",
         )
-    names = match_names(subjects, entries)
+    retired = frozenset(
+        path.name
+        for folder in ("upstreamed", "dropped")
+        for path in (project.patches_dir / folder).glob("*.patch")
+    )
+    names = match_names(subjects, entries, retired)
     result = RefreshResult(check_only=check_only)
     for name, sha in zip(names, shas, strict=True):
         text = export_commit(git, sha)

@@ -287,8 +287,10 @@ def run_mutants(
     accepted = load_accepted(project.root)
     git, commits = prefixes.git, prefixes.commits
     work: list[tuple[int, PatchMutants]] = []
+    carried = project.series().patches
     for k in chosen:
-        name, tests = prefixes.names[k - 1], prefixes.tests[k - 1]
+        name = prefixes.names[k - 1]
+        tests = tuple(carried[k - 1].header.fast_tests)
         made = patch_mutants(git, commits[k - 1], commits[k])
         if only:
             made = [m for m in made if m.id == only]

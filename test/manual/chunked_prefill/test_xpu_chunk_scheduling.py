@@ -1,6 +1,7 @@
 """Chunked prefill on one Intel GPU: how many chunks a prompt takes, at and around
 chunk boundaries, and with several requests interleaved."""
 
+import math
 import unittest
 
 from sglang.test.scripted_runtime.test_case import ScriptedTestCase
@@ -72,9 +73,17 @@ class TestXpuInterleavedRequests(ScriptedTestCase):
         else:
             raise AssertionError("interleaved requests did not all finish")
         for handle, n in zip(handles, lens, strict=True):
-            want = expected_chunks(n, CHUNK_SIZE)
-            assert handle.chunks_done == want, (
-                f"prompt {n}: {handle.chunks_done} chunks, expected {want}"
+            # The chunk budget is per batch and shared: a request admitted while
+            # another finishes chunking gets what is left of that batch, so its
+            # first piece may be short. That can add one chunk to what it takes
+            # alone (a 255-token prompt may take 2), never more, since the
+            # request being chunked then gets whole batches.
+            alone = expected_chunks(n, CHUNK_SIZE)
+            most = math.ceil(n / CHUNK_SIZE) + 1
+            got = handle.chunks_done
+            assert got == alone or (alone <= got <= most and got >= 2), (
+                f"prompt {n}: {got} chunks, expected {alone} alone or at most "
+                f"{most} interleaved"
             )
         yield from drain_until_released(t, *handles)
 

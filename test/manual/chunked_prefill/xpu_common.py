@@ -6,9 +6,13 @@ from __future__ import annotations
 
 import math
 import os
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "standin"))
+import cpu_standin  # noqa: E402  (test/standin: the CPU stand-in for an Intel GPU)
 
 # Not registered for CI on purpose (upstream convention for test/manual): this suite
 # needs an Intel GPU and model weights. See README.md for how to run it.
@@ -33,8 +37,15 @@ DEFAULT_MAX_STEPS = 400
 RID_RELEASE_SETTLE_STEPS = 40
 
 
+def standin() -> bool:
+    """SGLANG_XPU_STANDIN=cpu: run the suite on a real CPU server (see README)."""
+    return cpu_standin.enabled()
+
+
 def model_path() -> str:
-    return os.environ.get(MODEL_ENV, DEFAULT_MODEL)
+    if MODEL_ENV in os.environ:
+        return os.environ[MODEL_ENV]
+    return str(cpu_standin.model_dir()) if standin() else DEFAULT_MODEL
 
 
 def xpu_missing() -> str | None:
@@ -71,12 +82,20 @@ def model_missing(model: str | None = None) -> str | None:
 
 
 def skip_reason() -> str | None:
+    if standin():
+        return model_missing()
     return xpu_missing() or model_missing()
 
 
 def xpu_engine_kwargs(**overrides: Any) -> dict[str, Any]:
-    """ScriptedHttpServer kwargs for one Intel GPU (ZE_AFFINITY_MASK picks which)."""
-    kwargs: dict[str, Any] = dict(
+    """ScriptedHttpServer kwargs for one Intel GPU (ZE_AFFINITY_MASK picks which),
+    or for the CPU stand-in: the same chunk size, the device settings switched."""
+    if standin():
+        kwargs = dict(cpu_standin.engine_kwargs(), model_path=model_path())
+        kwargs["chunked_prefill_size"] = CHUNK_SIZE
+        kwargs.update(overrides)
+        return kwargs
+    kwargs = dict(
         model_path=model_path(),
         device="xpu",
         attention_backend=os.environ.get("SGLANG_XPU_TEST_ATTENTION", "intel_xpu"),

@@ -1,0 +1,6 @@
+"""test/standin: the CPU stand-in's module is importable from its tests."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
