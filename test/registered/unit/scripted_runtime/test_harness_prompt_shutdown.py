@@ -35,6 +35,10 @@ class TestShutdownStopsTheServer(CustomTestCase):
         self.addCleanup(ctx.destroy, linger=0)
         socket = ctx.socket(zmq.PAIR)
         socket.bind("tcp://127.0.0.1:*")
+        # The scheduler's end of the pair: without a peer, a release whose
+        # shutdown sends Shutdown blocking (0.5.20) would wait forever.
+        scheduler = ctx.socket(zmq.PAIR)
+        scheduler.connect(socket.getsockopt(zmq.LAST_ENDPOINT).decode())
         process = mp.get_context("fork").Process(target=_http_server_that_keeps_serving)
         process.start()
         self.addCleanup(process.kill)
