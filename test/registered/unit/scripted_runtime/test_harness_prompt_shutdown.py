@@ -36,8 +36,12 @@ class TestShutdownStopsTheServer(CustomTestCase):
         socket = ctx.socket(zmq.PAIR)
         socket.bind("tcp://127.0.0.1:*")
         # The scheduler's end of the pair: without a peer, a release whose
-        # shutdown sends Shutdown blocking (0.5.20) would wait forever.
-        scheduler = ctx.socket(zmq.PAIR)
+        # shutdown sends Shutdown blocking (0.5.20) would wait forever. It has
+        # its own context, as the scheduler has: the harness terminates ctx,
+        # and a term waits for every socket still open in it.
+        scheduler_ctx = zmq.Context()
+        self.addCleanup(scheduler_ctx.destroy, linger=0)
+        scheduler = scheduler_ctx.socket(zmq.PAIR)
         scheduler.connect(socket.getsockopt(zmq.LAST_ENDPOINT).decode())
         process = mp.get_context("fork").Process(target=_http_server_that_keeps_serving)
         process.start()
