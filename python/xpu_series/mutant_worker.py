@@ -4,7 +4,8 @@ sglang and the test modules (about half a second) with the mutated file in place
 
     python -m xpu_series.mutant_worker SPEC.json RESULTS.jsonl
 
-SPEC: {"root", "python", "tests", "timeout", "mutants": [{"id", "path", "code"}]}.
+SPEC: {"root", "python", "tests", "timeout", "mutants": [{"id", "path", "code"}]};
+"timeout" is the least a mutant gets (see main).
 Each result line: {"id", "outcome": killed|survived|timeout, "seconds"}; a first
 line with id "baseline" says whether the unmutated tests pass.
 """
@@ -20,6 +21,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+BASELINE_LIMIT_S = 600
 
 
 def _purge(root: Path) -> None:
@@ -37,6 +40,10 @@ def _purge(root: Path) -> None:
 def _run_child(root: Path, tests: list[str]) -> None:
     """In the forked child: fresh imports, quiet pytest, exit with its code."""
     import pytest
+
+    # A scratch working directory of its own: what a mutated path writes lands
+    # there, never in the checkout (test paths are absolute).
+    os.chdir(tempfile.mkdtemp(prefix="run-", dir=os.environ["XPU_MUTANT_SCRATCH"]))
 
     # The parent's bytecode of unchanged modules is reused; the mutated file's
     # has another mtime (see main), so it is compiled from its new source.
@@ -76,8 +83,10 @@ def main(argv: list[str]) -> int:
     results = Path(argv[1])
     root, python = Path(spec["root"]), Path(spec["python"])
     sys.path.insert(0, str(python))
-    os.chdir(root)
-    tests = spec["tests"]
+    scratch = tempfile.mkdtemp(prefix="xpu-mutant-cwd-")
+    os.environ["XPU_MUTANT_SCRATCH"] = scratch
+    os.chdir(scratch)
+    tests = [f"{root}/{test}" for test in spec["tests"]]
     import pytest
 
     # Bytecode of the unchanged modules goes to a private folder once, so each
@@ -90,12 +99,15 @@ def main(argv: list[str]) -> int:
         pytest.main(["-q", "--co", "-p", "no:cacheprovider", "--rootdir", str(root),
                      *tests])  # fmt: skip
     with results.open("w") as out:
-        baseline, seconds = _run(root, tests, spec["timeout"] * 4)
+        # The unmutated tests get long enough for anything short of a hang.
+        baseline, seconds = _run(root, tests, BASELINE_LIMIT_S)
         out.write(json.dumps({"id": "baseline", "outcome": baseline,
                               "seconds": seconds}) + "\n")  # fmt: skip
         out.flush()
         if baseline != "survived":
             return 1
+        # A mutant that runs three times as long as the tests do unmutated, plus
+        # slack for a busy machine, hangs: a timeout counts as killed.
         timeout = max(spec["timeout"], seconds * 3 + 10)
         for number, mutant in enumerate(spec["mutants"], start=1):
             path = python.parent / mutant["path"]
@@ -115,6 +127,7 @@ def main(argv: list[str]) -> int:
                                   "seconds": round(seconds, 2)}) + "\n")  # fmt: skip
             out.flush()
     shutil.rmtree(cache, ignore_errors=True)
+    shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
 

@@ -17,15 +17,17 @@ import hashlib
 import json
 import os
 import re
+import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from xpu_series.errors import SeriesError
-from xpu_series.git import Git, run_command
+from xpu_series.git import Git
 
 # cosmic-ray's operators we use: the ones that model real mistakes in gate and
 # wiring code (flipped conditions, swapped boolean combinations, wrong constants).
@@ -325,6 +327,7 @@ class PatchMutants:
     accepted: dict[str, str]  # mutant id -> the reviewed reason
     baseline: str = "survived"  # the unmutated tests: "survived" means they pass
     seconds: float = 0.0
+    cached: bool = False  # outcomes of an unchanged tree, tests and mutants
 
     @property
     def survivors(self) -> list[Mutant]:
@@ -364,6 +367,7 @@ class PatchMutants:
             ],  # fmt: skip
             "baseline_passes": self.baseline == "survived",
             "seconds": round(self.seconds, 1),
+            "cached": self.cached,
             "ok": self.ok,
         }
 
@@ -407,8 +411,12 @@ def run_worker(
     tests: tuple[str, ...],
     mutants: list[Mutant],
     timeout: float,
+    on_result: Callable[[dict[str, Any]], None] | None = None,
 ) -> tuple[str, dict[str, str], float]:
-    """One interpreter for one patch: (baseline outcome, outcome per id, seconds)."""
+    """One interpreter for one patch: (baseline outcome, outcome per id, seconds).
+
+    `on_result` hears each result line as the worker writes it (the baseline
+    first), so a long patch shows progress while it runs."""
     start = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="xpu-mutants-") as tmp:
         spec = Path(tmp) / "spec.json"
@@ -419,18 +427,47 @@ def run_worker(
             "mutants": [{"id": m.id, "path": m.path, "code": m.code} for m in mutants],
         }))  # fmt: skip
         env = {
+            **os.environ,
             "PYTHONPATH": os.pathsep.join(
                 [str(worktree / "python"), str(Path(__file__).parents[1])]
             ),
             "PYTHONDONTWRITEBYTECODE": "1",
         }
-        run_command(
-            [sys.executable, "-m", "xpu_series.mutant_worker", str(spec), str(results)],
-            cwd=project_root,
-            env=env,
-        )
-        lines = results.read_text().splitlines() if results.is_file() else []
-    rows = [json.loads(line) for line in lines]
+        rows: list[dict[str, Any]] = []
+        with (Path(tmp) / "worker.log").open("wb") as log:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "xpu_series.mutant_worker", str(spec),
+                 str(results)],
+                cwd=project_root, env=env, stdout=log, stderr=subprocess.STDOUT,
+            )  # fmt: skip
+            try:
+                while True:
+                    done = proc.poll() is not None
+                    rows += _new_rows(results, len(rows), on_result)
+                    if done:
+                        break
+                    time.sleep(0.5)
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
     baseline = next((r["outcome"] for r in rows if r["id"] == "baseline"), "error")
     outcomes = {r["id"]: r["outcome"] for r in rows if r["id"] != "baseline"}
     return baseline, outcomes, time.monotonic() - start
+
+
+def _new_rows(
+    results: Path, seen: int, on_result: Callable[[dict[str, Any]], None] | None
+) -> list[dict[str, Any]]:
+    """The complete result lines after the first `seen` (a line being written is
+    read on the next poll)."""
+    try:
+        text = results.read_text()
+    except FileNotFoundError:
+        return []
+    lines = text.split("\n")[:-1]  # the last piece is empty or still being written
+    rows = [json.loads(line) for line in lines[seen:]]
+    for row in rows:
+        if on_result is not None:
+            on_result(row)
+    return rows

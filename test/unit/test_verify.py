@@ -181,3 +181,43 @@ def test_mutants_of_added_lines_must_be_killed(verified: Project) -> None:
     )
     accepted = verified.run("verify", "--mutants", "0002", "--mutant", mutant)
     assert accepted.code == 0, accepted.out
+
+
+def test_mutant_outcomes_are_cached_and_progress_is_told(verified: Project) -> None:
+    first = verified.run("verify", "--mutants", "--json")
+    assert first.code == 0, first.err
+    (patch,) = json.loads(first.out)["patches"]
+    assert patch["cached"] is False and patch["killed"] == patch["made"] >= 3
+    # One line per finished patch, with counts and time, even off a terminal.
+    assert f"0001-raise-value.patch: {patch['made']} mutants, " in first.err
+    assert "[1/1 patches, " in first.err
+    again = verified.run("verify", "--mutants", "--json")
+    (cached,) = json.loads(again.out)["patches"]
+    assert again.code == 0 and cached["cached"] is True
+    assert cached["killed"] == patch["killed"]
+    assert "outcomes from the cache" in again.err
+    # A weaker test is another key: the mutants run again, and one survives.
+    test = verified.root / "test" / "test_value.py"
+    test.write_text(test.read_text().replace("VALUE == 2", "VALUE in (2, 3)"))
+    weaker = verified.run("verify", "--mutants", "--json")
+    (rerun,) = json.loads(weaker.out)["patches"]
+    assert weaker.code == 1 and rerun["cached"] is False and rerun["survived"]
+    # --fresh runs them even when nothing changed.
+    fresh = verified.run("verify", "--mutants", "--fresh", "--json")
+    assert json.loads(fresh.out)["patches"][0]["cached"] is False
+
+
+def test_a_mutant_writes_in_a_scratch_folder_not_the_checkout(
+    verified: Project,
+) -> None:
+    # The test writes a file named by the patched value: relative to where it runs.
+    _write_test(
+        verified,
+        "test_value.py",
+        "from pathlib import Path\nfrom sglang.srt.flags import VALUE\n\n"
+        "def test_value():\n    Path(f'stray-{VALUE}').write_text('x')\n"
+        "    assert VALUE == 2\n",
+    )
+    result = verified.run("verify", "--mutants", "--fresh")
+    assert result.code == 0, result.out + result.err
+    assert not list(verified.root.glob("stray-*"))

@@ -3,25 +3,39 @@
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import os
+import threading
 import time
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from xpu_series import mutant_worker
 from xpu_series.commands import Context, Output, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.errors import UsageError, XpuSeriesError
 from xpu_series.git import Git
 from xpu_series.mutants import (
     ACCEPTED,
+    Mutant,
     PatchMutants,
     load_accepted,
     patch_mutants,
     run_worker,
 )
 from xpu_series.project import Project
-from xpu_series.proof import Counts, PrefixRunner, Run, Worktrees, count
+from xpu_series.proof import (
+    Counts,
+    PrefixRunner,
+    Run,
+    Worktrees,
+    count,
+    outcome_key,
+)
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, Report
 from xpu_series.tree import UPSTREAM_TAG
 from xpu_series.ui import render_report, table
@@ -266,16 +280,38 @@ class MutantsResult:
         }
 
 
+# The least time a mutant's run gets; the worker gives more when the tests need
+# it (three times their unmutated time plus slack).
+MUTANT_TIMEOUT_FLOOR_S = 10.0
+
+
+def mutants_key(
+    project: Project, tree_id: str, tests: tuple[str, ...], made: list[Mutant]
+) -> str:
+    """What one patch's mutant outcomes depend on: the outcome key of its tests
+    on its tree, every mutant's text, the worker and the timeout floor."""
+    h = hashlib.sha256(outcome_key(project, tree_id, list(tests)).encode())
+    h.update(Path(mutant_worker.__file__).read_bytes())
+    h.update(str(MUTANT_TIMEOUT_FLOOR_S).encode())
+    for mutant in made:
+        h.update(f"\0{mutant.id}\0{mutant.path}\0".encode())
+        h.update(mutant.code.encode())
+    return h.hexdigest()
+
+
 def run_mutants(
     project: Project,
     jobs: int = 2,
     patches: list[str] | None = None,
     only: str = "",
-    timeout: float = 60.0,
+    fresh: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> MutantsResult:
     """Mutate the lines each patch adds; its tests must fail on every mutant.
 
-    One interpreter per patch (heavy imports once), one fork per mutant.
+    One interpreter per patch (heavy imports once), one fork per mutant. A
+    patch whose tree, tests and mutants are unchanged answers from the cache.
+    `say` hears a line per finished patch and per batch of mutants.
     """
     start = time.monotonic()
     prefixes = series_prefixes(project)
@@ -286,8 +322,9 @@ def run_mutants(
     prefixes.require_tests(chosen)
     accepted = load_accepted(project.root)
     git, commits = prefixes.git, prefixes.commits
-    work: list[tuple[int, PatchMutants]] = []
+    work: list[tuple[int, PatchMutants, str]] = []
     carried = project.series().patches
+    cache = project.cache_dir / "mutants"
     for k in chosen:
         name = prefixes.names[k - 1]
         tests = tuple(carried[k - 1].header.fast_tests)
@@ -298,7 +335,14 @@ def run_mutants(
         entry = PatchMutants(name, tests, made, {}, reasons)
         result.patches.append(entry)
         if tests and made:
-            work.append((k, entry))
+            tree_id = git.out("rev-parse", f"{commits[k]}^{{tree}}")
+            key = mutants_key(project, tree_id, tests, made)
+            saved = None if fresh else _load_mutants(cache, key)
+            if saved is not None:
+                entry.baseline, entry.outcomes = "survived", saved
+                entry.cached = True
+            else:
+                work.append((k, entry, key))
         elif made:
             entry.baseline = "untested"
     if only and not any(p.made for p in result.patches):
@@ -306,26 +350,81 @@ def run_mutants(
             f"no mutant {only!r} in {', '.join(p.name for p in result.patches)}",
             hint="copy the id from the survivor's line of 'verify --mutants'",
         )
+    tell = say or (lambda _line: None)
+    lock = threading.Lock()
+    finished = [sum(p.cached for p in result.patches)]
+    for entry in result.patches:
+        if entry.cached:
+            tell(f"{entry.name}: {len(entry.made)} mutants, outcomes from the cache")
     if work:
         pool = Worktrees(git, prefixes.root, min(max(1, jobs), len(work)))
+        total = len([p for p in result.patches if p.tests and p.made])
 
-        def job(k: int, entry: PatchMutants) -> None:
+        def job(k: int, entry: PatchMutants, key: str) -> None:
             worktree = pool.take()
+            ran = [0, 0]  # mutants run, killed
+
+            def heard(row: dict[str, Any]) -> None:
+                if row["id"] == "baseline":
+                    return
+                ran[0] += 1
+                ran[1] += row["outcome"] != "survived"
+                if ran[0] % MUTANT_BATCH == 0 and ran[0] < len(entry.made):
+                    tell(
+                        f"{entry.name}: {ran[0]}/{len(entry.made)} mutants run, "
+                        f"{ran[1]} killed ({_elapsed(start)})"
+                    )
+
             try:
                 Git(worktree).run("checkout", "-q", "-f", "--detach", commits[k])
                 entry.baseline, entry.outcomes, entry.seconds = run_worker(
-                    project.root, worktree, entry.tests, entry.made, timeout
-                )
+                    project.root, worktree, entry.tests, entry.made,
+                    MUTANT_TIMEOUT_FLOOR_S, heard,
+                )  # fmt: skip
             finally:
                 pool.give(worktree)
+            if entry.baseline == "survived" and len(entry.outcomes) == len(entry.made):
+                _store_mutants(cache, key, entry.outcomes)
+            with lock:
+                finished[0] += 1
+                tell(
+                    f"{entry.name}: {len(entry.made)} mutants, {entry.killed} killed, "
+                    f"{len(entry.survivors)} survived in {entry.seconds:.0f}s "
+                    f"[{finished[0]}/{total} patches, {_elapsed(start)}]"
+                )
 
         # The biggest patches first, so the pool ends together.
         work.sort(key=lambda item: -len(item[1].made))
         with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
-            for future in [executor.submit(job, k, e) for k, e in work]:
+            for future in [executor.submit(job, *item) for item in work]:
                 future.result()
     result.seconds = time.monotonic() - start
     return result
+
+
+# A progress line after every this many mutants of one patch.
+MUTANT_BATCH = 10
+
+
+def _elapsed(start: float) -> str:
+    return f"{time.monotonic() - start:.0f}s elapsed"
+
+
+def _load_mutants(cache: Path, key: str) -> dict[str, str] | None:
+    try:
+        data = json.loads((cache / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    outcomes = data.get("outcomes")
+    return outcomes if isinstance(outcomes, dict) and outcomes else None
+
+
+def _store_mutants(cache: Path, key: str, outcomes: dict[str, str]) -> None:
+    """Only a complete run with passing unmutated tests is remembered."""
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".{key}.tmp"
+    tmp.write_text(json.dumps({"outcomes": outcomes}))
+    os.replace(tmp, cache / f"{key}.json")
 
 
 def _render_mutants(out: Output, result: MutantsResult) -> None:
@@ -397,7 +496,9 @@ def execute(ctx: Context) -> Output:
     if args.mutant and not args.mutants:
         raise UsageError("--mutant ID goes with --mutants")
     if args.mutants:
-        mutants = run_mutants(project, args.jobs, args.patches, args.mutant)
+        mutants = run_mutants(
+            project, args.jobs, args.patches, args.mutant, args.fresh, ctx.say
+        )
         out = Output(data=mutants.to_json())
         if not mutants.apply.ok:
             out.out.append(render_report(mutants.apply))

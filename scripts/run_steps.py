@@ -1,0 +1,316 @@
+#!/usr/bin/env python3
+"""The steps of scripts/test: which run, in which lane, how long each took.
+
+    scripts/test                 every step (what CI runs)
+    scripts/test --list          the steps and their lanes
+    scripts/test lint verify     only these steps (after bootstrap)
+    scripts/test --serial        one step at a time (lanes one after another)
+
+After bootstrap and the lints, two lanes run side by side: the tool's checks
+(tests, verify, mutants) and the real-server, overlay and release checks. Most
+of their time is spent waiting (servers starting, timeouts, subprocesses), so on
+two cores they overlap well. Every line a step prints is relayed live with its
+step's tag; each step's full output is also kept in build/reports/steps/. The
+summary table and build/reports/steps.json name each step's duration.
+
+Standard library only: it runs before .venv exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+REPORTS = ROOT / "build" / "reports"
+PY = ".venv/bin/python"
+PYTEST = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+
+# The matrix: a newer release that needs work is information; only our own
+# errors fail it (and an index that cannot be reached is said, not failed).
+MATRIX = """
+mkdir -p build/reports
+set +e
+.venv/bin/xpu-series matrix --behaviour --save build/reports 2>build/reports/matrix.err
+rc=$?
+set -e
+cat build/reports/matrix.err >&2
+if [ "$rc" -ne 0 ]; then
+  if grep -q "could not reach the package index" build/reports/matrix.err; then
+    echo "skipped: the package index cannot be reached: the newer releases are unknown"
+  else
+    exit "$rc"
+  fi
+fi
+"""
+
+
+@dataclass(frozen=True)
+class Step:
+    """One check: a tag for the log, what it proves, its command, its lane."""
+
+    tag: str
+    title: str
+    command: tuple[str, ...]
+    lane: str  # "first" runs alone before the lanes; then "tool" and "serve"
+    env: tuple[tuple[str, str], ...] = ()
+    # A step that runs longer is stopped and fails: a hang must not eat CI.
+    limit_s: int = 1200
+
+
+def sh(script: str) -> tuple[str, ...]:
+    return ("bash", "-euo", "pipefail", "-c", script)
+
+
+STEPS: tuple[Step, ...] = (
+    Step("bootstrap", "bootstrap: environment and patched tree",
+         ("scripts/bootstrap",), "first"),
+    Step("lint", "lint: ruff format --check, ruff check",
+         sh(".venv/bin/ruff format --check python test scripts\n"
+            ".venv/bin/ruff check python test scripts"), "first"),
+    Step("hadolint", "hadolint: docker/Dockerfile",
+         (".venv/bin/hadolint", "docker/Dockerfile"), "first"),
+    Step("actionlint", "actionlint: .github/workflows",
+         (".venv/bin/actionlint", "-shellcheck=", "-pyflakes="), "first"),
+    # The tool lane.
+    Step("tool-tests", "tool tests (test/unit) and doctests",
+         (*PYTEST, "--doctest-modules", "python/xpu_series", "test/unit"), "tool"),
+    Step("script-tests",
+         "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
+         (*PYTEST, "test/scripts"), "tool"),
+    Step("registered",
+         "registered CPU tests on the patched tree (test/registered/unit)",
+         (*PYTEST, "test/registered/unit"), "tool"),
+    Step("registration",
+         "registration: every registered file is registered; nothing under test/manual",
+         (PY, "scripts/check_registration.py"), "tool"),
+    Step("xpu-suites",
+         "XPU suites (test/manual, test/registered/e2e): import, collect, skip "
+         "with reasons",
+         sh(f"{' '.join(PYTEST)} --collect-only test/manual test/registered/e2e"
+            " | tail -n 1\n"
+            f"{' '.join(PYTEST)} -rs test/manual test/registered/e2e"), "tool"),
+    Step("refresh-check",
+         "refresh --check: patches/ is byte for byte what refresh writes from the tree",
+         (".venv/bin/xpu-series", "refresh", "--check"), "tool"),
+    Step("verify", "verify: every patch is proven",
+         (".venv/bin/xpu-series", "verify"), "tool"),
+    Step("mutants",
+         "verify --mutants: each patch's tests kill every mutant of the lines it adds",
+         (".venv/bin/xpu-series", "verify", "--mutants"), "tool"),
+    Step("benchmarks", "benchmarks, quick mode: every scripts/bench_*.py still runs",
+         (PY, "scripts/bench_ci.py", "--quick-all"), "tool"),
+    # The serving lane: real servers, real installs, real releases.
+    Step("standin-suite",
+         "XPU chunked-prefill suite on the CPU stand-in (real SGLang servers; see "
+         "its README)",
+         (*PYTEST, "-rs", "--durations=8", "test/manual/chunked_prefill"), "serve",
+         env=(("SGLANG_XPU_STANDIN", "cpu"),)),
+    Step("standin-scripts",
+         "measurement and serving scripts against real servers on the CPU stand-in "
+         "(test/standin)",
+         (*PYTEST, "-rs", "--durations=5", "test/standin"), "serve"),
+    Step("overlay",
+         "overlay: the fork installed into a real pip install of each served release "
+         "(docker/install-fork.sh)",
+         (PY, "scripts/check_overlay.py"), "serve"),
+    Step("replay",
+         "replay the last move (patches/moves/, patches/resolutions/) from git "
+         "history: byte for byte",
+         (PY, "scripts/replay_move.py"), "serve"),
+    Step("matrix",
+         "behavioural matrix: each served release (serves-from..pin) and every newer "
+         "one (build/reports/)",
+         sh(MATRIX), "serve"),
+)  # fmt: skip
+
+
+@dataclass
+class Outcome:
+    step: Step
+    seconds: float = 0.0
+    code: int | None = None  # None: not run
+    note: str = ""
+
+
+@dataclass
+class Run:
+    """Shared state of one run: the print lock, the outcomes, the stop flag."""
+
+    outcomes: dict[str, Outcome] = field(default_factory=dict)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    failed: threading.Event = field(default_factory=threading.Event)
+    procs: set[subprocess.Popen[bytes]] = field(default_factory=set)
+    start: float = field(default_factory=time.monotonic)
+
+    def say(self, text: str) -> None:
+        with self.lock:
+            sys.stdout.write(text + "\n")
+            sys.stdout.flush()
+
+    def save(self) -> None:
+        """build/reports/steps.json after every step: a killed run still says
+        where its time went."""
+        REPORTS.mkdir(parents=True, exist_ok=True)
+        data = {
+            "wall_s": round(time.monotonic() - self.start, 1),
+            "steps": [
+                {
+                    "tag": o.step.tag,
+                    "title": o.step.title,
+                    "lane": o.step.lane,
+                    "seconds": round(o.seconds, 1),
+                    "code": o.code,
+                    "note": o.note,
+                }
+                for o in self.outcomes.values()
+            ],
+        }
+        tmp = REPORTS / ".steps.json.tmp"
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, REPORTS / "steps.json")
+
+
+def run_step(run: Run, step: Step) -> bool:
+    outcome = run.outcomes[step.tag]
+    if run.failed.is_set():
+        outcome.note = "not run: an earlier step failed"
+        return False
+    logs = REPORTS / "steps"
+    logs.mkdir(parents=True, exist_ok=True)
+    run.say(f"\n==> [{step.tag}] {step.title}")
+    env = {**os.environ, **dict(step.env)}
+    start = time.monotonic()
+    # Its own process group: a step past its limit is stopped with its children.
+    proc = subprocess.Popen(
+        step.command,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
+    with run.lock:
+        run.procs.add(proc)
+    timer = threading.Timer(step.limit_s, _stop, (proc,))
+    timer.start()
+    assert proc.stdout is not None
+    with (logs / f"{step.tag}.log").open("wb") as log:
+        for raw in proc.stdout:
+            log.write(raw)
+            run.say(f"[{step.tag}] {raw.decode(errors='replace').rstrip()}")
+    code = proc.wait()
+    timer.cancel()
+    with run.lock:
+        run.procs.discard(proc)
+    outcome.seconds = time.monotonic() - start
+    outcome.code = code
+    if code != 0 and not timer.is_alive() and outcome.seconds >= step.limit_s:
+        outcome.note = f"stopped after its limit of {step.limit_s} s"
+    verdict = "ok" if code == 0 else f"FAILED (exit {code})"
+    run.say(f"<== [{step.tag}] {verdict} in {_clock(outcome.seconds)}")
+    run.save()
+    if code != 0:
+        run.failed.set()
+    return code == 0
+
+
+def _stop(proc: subprocess.Popen[bytes]) -> None:
+    try:
+        os.killpg(proc.pid, signal.SIGTERM)
+        time.sleep(5)
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _clock(seconds: float) -> str:
+    minutes, rest = divmod(round(seconds), 60)
+    return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
+
+
+def summary(run: Run) -> str:
+    rows = [("step", "lane", "time", "result")]
+    for o in run.outcomes.values():
+        result = o.note or (
+            "-" if o.code is None else "ok" if o.code == 0 else "FAILED"
+        )
+        if o.code not in (None, 0) and not o.note:
+            result = f"FAILED (exit {o.code})"
+        rows.append((o.step.tag, o.step.lane, _clock(o.seconds) if o.code is not None
+                     else "-", result))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = [
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
+        for r in rows
+    ]
+    lines.append(f"wall clock {_clock(time.monotonic() - run.start)}")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(
+        prog="scripts/test", description=(__doc__ or "").split("\n\n")[0]
+    )
+    parser.add_argument("steps", nargs="*", metavar="STEP", help="only these steps")
+    parser.add_argument("--list", action="store_true", help="list the steps")
+    parser.add_argument(
+        "--serial", action="store_true", help="run the lanes one after another"
+    )
+    args = parser.parse_args(argv)
+    if args.list:
+        for step in STEPS:
+            print(f"{step.tag:16} {step.lane:6} {step.title}")
+        return 0
+    known = {s.tag for s in STEPS}
+    unknown = [s for s in args.steps if s not in known]
+    if unknown:
+        print(f"error: no step called {', '.join(unknown)}", file=sys.stderr)
+        print("hint: run 'scripts/test --list' to see the steps", file=sys.stderr)
+        return 2
+    # Bootstrap always runs: every other step needs .venv and the patched tree.
+    chosen = [
+        s
+        for s in STEPS
+        if not args.steps or s.tag in args.steps or s.tag == "bootstrap"
+    ]
+    run = Run(outcomes={s.tag: Outcome(s) for s in chosen})
+    try:
+        for step in (s for s in chosen if s.lane == "first"):
+            run_step(run, step)
+        lanes = [[s for s in chosen if s.lane == lane] for lane in ("tool", "serve")]
+        lanes = [lane for lane in lanes if lane]
+        if args.serial:
+            lanes = [[s for lane in lanes for s in lane]]
+        threads = [
+            threading.Thread(
+                target=lambda steps=lane: [run_step(run, s) for s in steps]
+            )
+            for lane in lanes
+        ]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    except KeyboardInterrupt:
+        run.failed.set()
+        with run.lock:
+            for proc in run.procs:
+                _stop(proc)
+        run.say("\ninterrupted")
+    run.save()
+    run.say("\n" + summary(run))
+    ok = not run.failed.is_set() and all(o.code == 0 for o in run.outcomes.values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
