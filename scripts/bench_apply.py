@@ -8,6 +8,7 @@ Measures, alternating and side by side in one run (medians of --runs):
 Goals: (a) <= 0.25 x (c), (b) <= 1.1 x (c).
 
 Run: .venv/bin/python scripts/bench_apply.py [--runs 5]
+     --quick: one run of each case (what CI runs, so the benchmark cannot rot)
 """
 
 from __future__ import annotations
@@ -54,7 +55,10 @@ def series_files() -> list[str]:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=5)
+    parser.add_argument("--quick", action="store_true", help="one run of each case")
     args = parser.parse_args()
+    if args.quick:
+        args.runs = 1
 
     # Make sure the wheel is cached (and its hash checked); the cache is
     # content-addressed (wheels/<sha256>/<name>), so ask fetch where it is.

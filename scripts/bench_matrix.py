@@ -3,6 +3,10 @@ cold (nothing cached: wheels, bases, outcomes) and warm, with `verify` on the pi
 measured in the same run as the yardstick. Medians; the cases alternate per round.
 
     .venv/bin/python scripts/bench_matrix.py --runs 3 0.5.20 0.5.21 0.5.22 0.5.23
+
+--quick (what CI runs, so the benchmark cannot rot): one run, the pin only, the
+text matrix cold and warm; the verify yardstick and the behavioural cases, which
+CI's own verify and matrix steps exercise, are left to the full run.
 """
 
 from __future__ import annotations
@@ -27,6 +31,16 @@ def _copy(dest: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
 
 
+def _link_wheels(project: Path) -> None:
+    """Quick mode: the checkout's cached wheels, hard-linked in (content-addressed,
+    so sharing them is safe), so that no download is part of the quick run."""
+    cache = project / "build" / "cache"
+    cache.mkdir(parents=True, exist_ok=True)
+    wheels = ROOT / "build" / "cache" / "wheels"
+    if wheels.is_dir():
+        subprocess.run(["cp", "-al", str(wheels), str(cache / "wheels")], check=True)
+
+
 def _timed(project: Path, *args: str) -> float:
     env = dict(os.environ, XPU_SERIES_CACHE=str(project / "build" / "cache"))
     start = time.perf_counter()
@@ -45,34 +59,40 @@ def main() -> int:
     newer = ["0.5.20", "0.5.21", "0.5.22", "0.5.23"]
     parser.add_argument("versions", nargs="*", default=newer)
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument(
+        "--quick", action="store_true", help="one run, the pin, text matrix only"
+    )
     args = parser.parse_args()
-    times: dict[str, list[float]] = {
-        name: []
-        for name in (
-            "verify on the pin (cold)",
-            "text matrix, cold",
-            "text matrix, warm",
-            "behavioural matrix, cold",
-            "behavioural matrix, warm",
-        )
-    }
+    if args.quick:
+        args.runs, args.versions = 1, []
+    cases = ["text matrix, cold", "text matrix, warm"]
+    if not args.quick:
+        cases = ["verify on the pin (cold)", *cases]
+        cases += ["behavioural matrix, cold", "behavioural matrix, warm"]
+    times: dict[str, list[float]] = {name: [] for name in cases}
     for _ in range(args.runs):
         with tempfile.TemporaryDirectory(prefix="bench-matrix-") as tmp:
             project = Path(tmp)
             _copy(project)
-            # verify on the pin, from nothing: the yardstick (wheel, base, tests).
-            times["verify on the pin (cold)"].append(_timed(project, "verify"))
-            shutil.rmtree(project / "build")
+            if not args.quick:
+                # verify on the pin, from nothing: the yardstick (wheel, base, tests).
+                times["verify on the pin (cold)"].append(_timed(project, "verify"))
+                shutil.rmtree(project / "build")
+            if args.quick:
+                _link_wheels(project)
             times["text matrix, cold"].append(_timed(project, "matrix", *args.versions))
             times["text matrix, warm"].append(_timed(project, "matrix", *args.versions))
+            if args.quick:
+                continue
             shutil.rmtree(project / "build")
             behaviour = ("matrix", "--behaviour", *args.versions)
             times["behavioural matrix, cold"].append(_timed(project, *behaviour))
             times["behavioural matrix, warm"].append(_timed(project, *behaviour))
-    verify = statistics.median(times["verify on the pin (cold)"])
+    verify = statistics.median(times.get("verify on the pin (cold)", [0.0]))
     for name, values in times.items():
         med = statistics.median(values)
-        print(f"{name:26s} median {med:7.2f} s  ({med / verify:.2f}x verify)  "
+        ratio = f"({med / verify:.2f}x verify)  " if verify else ""
+        print(f"{name:26s} median {med:7.2f} s  {ratio}"
               f"runs {', '.join(f'{v:.1f}' for v in values)}")  # fmt: skip
     return 0
 

@@ -83,7 +83,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--onto", default="0.5.20")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--quick", action="store_true", help="one run of each case")
     args = parser.parse_args()
+    if args.quick:
+        args.runs = 1
     tool(args.onto)  # warm: the new wheel and its base are cached
     by_hand(args.onto)
     times: dict[str, list[float]] = {

@@ -200,7 +200,13 @@ def run_step(run: Run, step: Step) -> bool:
     )
     with run.lock:
         run.procs.add(proc)
-    timer = threading.Timer(step.limit_s, _stop, (proc,))
+    stopped = threading.Event()
+
+    def past_limit() -> None:
+        stopped.set()
+        _stop(proc)
+
+    timer = threading.Timer(step.limit_s, past_limit)
     timer.start()
     assert proc.stdout is not None
     with (logs / f"{step.tag}.log").open("wb") as log:
@@ -213,7 +219,7 @@ def run_step(run: Run, step: Step) -> bool:
         run.procs.discard(proc)
     outcome.seconds = time.monotonic() - start
     outcome.code = code
-    if code != 0 and not timer.is_alive() and outcome.seconds >= step.limit_s:
+    if stopped.is_set():
         outcome.note = f"stopped after its limit of {step.limit_s} s"
     verdict = "ok" if code == 0 else f"FAILED (exit {code})"
     run.say(f"<== [{step.tag}] {verdict} in {_clock(outcome.seconds)}")

@@ -37,7 +37,48 @@ def _purge(root: Path) -> None:
             del sys.modules[name]
 
 
-def _run_child(root: Path, tests: list[str]) -> None:
+# A test of a mutant that runs this many times as long as it did unmutated (plus
+# TEST_SLACK_S) hangs: it is stopped there, and the mutant counts as killed by a
+# timeout, instead of the whole run waiting for the patch-wide timeout.
+TEST_FACTOR = 3
+TEST_SLACK_S = 3.0
+HUNG = 75  # the exit code of a child whose test was stopped
+
+
+def _clock_plugin(limits: dict[str, float] | None):  # noqa: ANN202
+    """A pytest plugin: times each test (the baseline run), or stops a test that
+    runs past its limit (a mutant's run) with SIGALRM."""
+    import pytest
+
+    class Clock:
+        def __init__(self) -> None:
+            self.durations: dict[str, float] = {}
+            self.hung = False
+
+        def _alarm(self, _signum: int, _frame: object) -> None:
+            self.hung = True
+            raise TimeoutError("the test ran past its limit under this mutant")
+
+        @pytest.hookimpl(wrapper=True)
+        def pytest_runtest_protocol(self, item, nextitem):  # noqa: ANN001, ANN202
+            limit = None if limits is None else limits.get(item.nodeid)
+            if limit:
+                signal.signal(signal.SIGALRM, self._alarm)
+                signal.setitimer(signal.ITIMER_REAL, limit)
+            start = time.monotonic()
+            try:
+                return (yield)
+            finally:
+                if limit:
+                    signal.setitimer(signal.ITIMER_REAL, 0)
+                self.durations[item.nodeid] = time.monotonic() - start
+
+    return Clock()
+
+
+def _run_child(
+    root: Path, tests: list[str], limits: dict[str, float] | None, timing: Path
+) -> None:
     """In the forked child: fresh imports, quiet pytest, exit with its code."""
     import pytest
 
@@ -52,17 +93,24 @@ def _run_child(root: Path, tests: list[str]) -> None:
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
+    clock = _clock_plugin(limits)
     code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly",
-                        "--rootdir", str(root), *tests])  # fmt: skip
-    os._exit(int(code))
+                        "--rootdir", str(root), *tests], plugins=[clock])  # fmt: skip
+    timing.write_text(json.dumps(clock.durations))
+    os._exit(HUNG if clock.hung else int(code))
 
 
-def _run(root: Path, tests: list[str], timeout: float) -> tuple[str, float]:
+def _run(
+    root: Path, tests: list[str], timeout: float, limits: dict[str, float] | None
+) -> tuple[str, float, dict[str, float]]:
+    """(outcome, seconds, each test's seconds) of one run in a fork."""
     start = time.monotonic()
+    timing = Path(os.environ["XPU_MUTANT_SCRATCH"]) / "timing.json"
+    timing.unlink(missing_ok=True)
     pid = os.fork()
     if pid == 0:
         try:
-            _run_child(root, tests)
+            _run_child(root, tests, limits, timing)
         finally:
             os._exit(70)
     while True:
@@ -72,10 +120,12 @@ def _run(root: Path, tests: list[str], timeout: float) -> tuple[str, float]:
         if time.monotonic() - start > timeout:
             os.kill(pid, signal.SIGKILL)
             os.waitpid(pid, 0)
-            return "timeout", time.monotonic() - start
+            return "timeout", time.monotonic() - start, {}
         time.sleep(0.02)
     code = os.waitstatus_to_exitcode(status)
-    return ("survived" if code == 0 else "killed"), time.monotonic() - start
+    durations = json.loads(timing.read_text()) if timing.is_file() else {}
+    outcome = "survived" if code == 0 else "timeout" if code == HUNG else "killed"
+    return outcome, time.monotonic() - start, durations
 
 
 def main(argv: list[str]) -> int:
@@ -100,7 +150,7 @@ def main(argv: list[str]) -> int:
                      *tests])  # fmt: skip
     with results.open("w") as out:
         # The unmutated tests get long enough for anything short of a hang.
-        baseline, seconds = _run(root, tests, BASELINE_LIMIT_S)
+        baseline, seconds, durations = _run(root, tests, BASELINE_LIMIT_S, None)
         out.write(json.dumps({"id": "baseline", "outcome": baseline,
                               "seconds": seconds}) + "\n")  # fmt: skip
         out.flush()
@@ -109,6 +159,7 @@ def main(argv: list[str]) -> int:
         # A mutant that runs three times as long as the tests do unmutated, plus
         # slack for a busy machine, hangs: a timeout counts as killed.
         timeout = max(spec["timeout"], seconds * 3 + 10)
+        limits = {t: d * TEST_FACTOR + TEST_SLACK_S for t, d in durations.items()}
         for number, mutant in enumerate(spec["mutants"], start=1):
             path = python.parent / mutant["path"]
             original = path.read_bytes()
@@ -119,7 +170,7 @@ def main(argv: list[str]) -> int:
                 # always compiled from its own source, even at the same size.
                 fake = int(stat.st_mtime) + 100_000 + number
                 os.utime(path, (fake, fake))
-                outcome, seconds = _run(root, tests, timeout)
+                outcome, seconds, _ = _run(root, tests, timeout, limits)
             finally:
                 path.write_bytes(original)
                 os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))

@@ -355,6 +355,8 @@ class PatchMutants:
             "tests": list(self.tests),
             "made": len(self.made),
             "killed": self.killed,
+            # Of the killed: the mutants whose tests hung and were stopped.
+            "timeouts": sum(self.outcomes.get(m.id) == "timeout" for m in self.made),
             "accepted": sum(m.id in self.accepted for m in self.survivors),
             "survived": [
                 {

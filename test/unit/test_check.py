@@ -198,6 +198,19 @@ def test_matrix_asks_the_index_for_newer_releases(
     result = three_patches.run("matrix", "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["versions"] == ["0.0.1", "0.0.2"]
+    # Serving 0.0.0 too: the default adds it, --newer (the scheduled workflow's
+    # question) leaves the served older releases out.
+    pin = three_patches.root / "patches" / "upstream.toml"
+    pin.write_text(
+        pin.read_text().replace("[layout]", 'serves-from = "0.0.0"\n\n[layout]')
+    )
+    served = three_patches.run("matrix", "--json")
+    assert json.loads(served.out)["versions"] == ["0.0.0", "0.0.1", "0.0.2"]
+    newer = three_patches.run("matrix", "--newer", "--json")
+    assert json.loads(newer.out)["versions"] == ["0.0.1", "0.0.2"]
+    # One line per finished release, with the time it took.
+    assert "matrix 0.0.2: 3/3 patches apply in " in newer.err
+    assert "[2/2 releases, " in newer.err
     monkeypatch.setenv("PIP_FIND_LINKS", str(tmp_path / "nowhere"))
     offline = three_patches.run("matrix")
     assert offline.code == 1

@@ -221,3 +221,21 @@ def test_a_mutant_writes_in_a_scratch_folder_not_the_checkout(
     result = verified.run("verify", "--mutants", "--fresh")
     assert result.code == 0, result.out + result.err
     assert not list(verified.root.glob("stray-*"))
+
+
+def test_a_mutant_that_hangs_a_test_is_stopped_and_killed(project: Project) -> None:
+    # PAUSE = 0 -> 1 makes the test sleep for an hour: it is stopped at its own
+    # limit (a multiple of its unmutated time), and the mutant counts as killed.
+    hangs = _write_test(
+        project,
+        "test_pause.py",
+        "import time\nfrom sglang.srt.pause import PAUSE\n\n"
+        "def test_pause():\n    time.sleep(PAUSE * 3600)\n    assert PAUSE == 0\n",
+    )
+    project.add_patch(
+        "python/sglang/srt/pause.py", "PAUSE = 0\n", "[XPU] No pause", Tests=hangs
+    )
+    result = project.run("verify", "--mutants", "--json")
+    assert result.code == 0, result.err
+    (patch,) = json.loads(result.out)["patches"]
+    assert patch["killed"] == patch["made"] and patch["timeouts"] >= 1

