@@ -243,16 +243,22 @@ def _clock(seconds: float) -> str:
     return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
 
 
-def summary(run: Run) -> str:
-    rows = [("step", "lane", "time", "result")]
+def summary_rows(run: Run) -> list[tuple[str, str, str, str]]:
+    rows = []
     for o in run.outcomes.values():
-        result = o.note or (
-            "-" if o.code is None else "ok" if o.code == 0 else "FAILED"
-        )
-        if o.code not in (None, 0) and not o.note:
-            result = f"FAILED (exit {o.code})"
-        rows.append((o.step.tag, o.step.lane, _clock(o.seconds) if o.code is not None
-                     else "-", result))  # fmt: skip
+        if o.code is None:
+            result = o.note or "-"
+        elif o.code == 0:
+            result = "ok"
+        else:
+            result = o.note or f"FAILED (exit {o.code})"
+        spent = _clock(o.seconds) if o.code is not None else "-"
+        rows.append((o.step.tag, o.step.lane, spent, result))
+    return rows
+
+
+def summary(run: Run) -> str:
+    rows = [("step", "lane", "time", "result"), *summary_rows(run)]
     widths = [max(len(r[i]) for r in rows) for i in range(4)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
@@ -260,6 +266,14 @@ def summary(run: Run) -> str:
     ]
     lines.append(f"wall clock {_clock(time.monotonic() - run.start)}")
     return "\n".join(lines)
+
+
+def markdown(run: Run) -> str:
+    """The same table for a CI job summary (.github/workflows/test.yml)."""
+    lines = ["| step | lane | time | result |", "|---|---|---|---|"]
+    lines += ["| " + " | ".join(row) + " |" for row in summary_rows(run)]
+    lines.append(f"\nwall clock {_clock(time.monotonic() - run.start)}")
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str]) -> int:
@@ -313,7 +327,9 @@ def main(argv: list[str]) -> int:
                 _stop(proc)
         run.say("\ninterrupted")
     run.save()
-    run.say("\n" + summary(run))
+    (REPORTS / "steps.md").write_text(markdown(run))
+    text = summary(run)
+    run.say("\n" + text)
     ok = not run.failed.is_set() and all(o.code == 0 for o in run.outcomes.values())
     return 0 if ok else 1
 

