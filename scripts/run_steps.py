@@ -19,6 +19,7 @@ Standard library only: it runs before .venv exists.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import signal
@@ -64,6 +65,10 @@ class Step:
     env: tuple[tuple[str, str], ...] = ()
     # A step that runs longer is stopped and fails: a hang must not eat CI.
     limit_s: int = 1200
+    # A pass is remembered by the content of every file of the checkout (see
+    # inputs_digest): the same inputs are not checked twice. Not for a step that
+    # asks the package index (newer releases appear without any change here).
+    cached: bool = True
 
 
 def sh(script: str) -> tuple[str, ...]:
@@ -72,7 +77,7 @@ def sh(script: str) -> tuple[str, ...]:
 
 STEPS: tuple[Step, ...] = (
     Step("bootstrap", "bootstrap: environment and patched tree",
-         ("scripts/bootstrap",), "first"),
+         ("scripts/bootstrap",), "first", cached=False),
     Step("lint", "lint: ruff format --check, ruff check",
          sh(".venv/bin/ruff format --check python test scripts\n"
             ".venv/bin/ruff check python test scripts"), "first"),
@@ -129,8 +134,37 @@ STEPS: tuple[Step, ...] = (
     Step("matrix",
          "behavioural matrix: each served release (serves-from..pin) and every newer "
          "one (build/reports/)",
-         sh(MATRIX), "serve"),
+         sh(MATRIX), "serve", cached=False),
 )  # fmt: skip
+
+
+def inputs_digest() -> str:
+    """What a step can read from this checkout: every file git tracks or would
+    track (the tool, the tests, the patches, the pin, pyproject.toml which pins
+    .venv), by content, and the interpreter that runs it. build/ and .venv are
+    made from these, so they are not hashed themselves."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "-co", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.split(b"\0")  # fmt: skip
+    h = hashlib.sha256(f"{sys.version}\0{CACHE_FORMAT}\0".encode())
+    for name in sorted(n for n in listed if n):
+        path = ROOT / os.fsdecode(name)
+        h.update(name + b"\0")
+        if path.is_file() and not path.is_symlink():
+            h.update(hashlib.sha256(path.read_bytes()).digest())
+        elif path.is_symlink():
+            h.update(os.readlink(path).encode())
+    return h.hexdigest()
+
+
+CACHE_FORMAT = "1"
+CACHE = Path("build") / "cache" / "steps"
+
+
+def step_key(digest: str, step: Step) -> str:
+    text = json.dumps([digest, step.tag, step.command, step.env])
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 @dataclass
@@ -150,6 +184,7 @@ class Run:
     failed: threading.Event = field(default_factory=threading.Event)
     procs: set[subprocess.Popen[bytes]] = field(default_factory=set)
     start: float = field(default_factory=time.monotonic)
+    digest: str = ""  # inputs_digest(), or "" to run every step (--fresh)
 
     def say(self, text: str) -> None:
         with self.lock:
@@ -187,6 +222,17 @@ def run_step(run: Run, step: Step) -> bool:
     logs = REPORTS / "steps"
     logs.mkdir(parents=True, exist_ok=True)
     run.say(f"\n==> [{step.tag}] {step.title}")
+    key = step_key(run.digest, step) if run.digest and step.cached else ""
+    passed = ROOT / CACHE / f"{key}.json"
+    if key and passed.is_file():
+        before = json.loads(passed.read_text())
+        outcome.code, outcome.note = 0, "ok (cached)"
+        run.say(
+            f"<== [{step.tag}] ok: passed on these same inputs at {before['when']} "
+            f"(in {_clock(before['seconds'])}); 'scripts/test --fresh' runs it again"
+        )
+        run.save()
+        return True
     env = {**os.environ, **dict(step.env)}
     start = time.monotonic()
     # Its own process group: a step past its limit is stopped with its children.
@@ -223,6 +269,12 @@ def run_step(run: Run, step: Step) -> bool:
         outcome.note = f"stopped after its limit of {step.limit_s} s"
     verdict = "ok" if code == 0 else f"FAILED (exit {code})"
     run.say(f"<== [{step.tag}] {verdict} in {_clock(outcome.seconds)}")
+    if code == 0 and key:
+        passed.parent.mkdir(parents=True, exist_ok=True)
+        tmp = passed.with_suffix(".tmp")
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime())
+        tmp.write_text(json.dumps({"seconds": outcome.seconds, "when": when}))
+        os.replace(tmp, passed)
     run.save()
     if code != 0:
         run.failed.set()
@@ -249,7 +301,7 @@ def summary_rows(run: Run) -> list[tuple[str, str, str, str]]:
         if o.code is None:
             result = o.note or "-"
         elif o.code == 0:
-            result = "ok"
+            result = o.note or "ok"
         else:
             result = o.note or f"FAILED (exit {o.code})"
         spent = _clock(o.seconds) if o.code is not None else "-"
@@ -285,6 +337,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument(
         "--serial", action="store_true", help="run the lanes one after another"
     )
+    parser.add_argument(
+        "--fresh",
+        action="store_true",
+        help="run every step, even one that passed on the same inputs before",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for step in STEPS:
@@ -303,6 +360,8 @@ def main(argv: list[str]) -> int:
         if not args.steps or s.tag in args.steps or s.tag == "bootstrap"
     ]
     run = Run(outcomes={s.tag: Outcome(s) for s in chosen})
+    fresh = args.fresh or os.environ.get("XPU_SERIES_FRESH") == "1"
+    run.digest = "" if fresh else inputs_digest()
     try:
         for step in (s for s in chosen if s.lane == "first"):
             run_step(run, step)

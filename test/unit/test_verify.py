@@ -245,3 +245,60 @@ def test_a_mutant_that_hangs_a_test_is_stopped_and_killed(project: Project) -> N
     assert result.code == 0, result.err
     (patch,) = json.loads(result.out)["patches"]
     assert patch["killed"] == patch["made"] and patch["timeouts"] >= 1
+
+
+def test_a_mutant_hidden_by_a_stale_import_is_confirmed_afresh(
+    project: Project,
+) -> None:
+    # user.py copies VALUE at import: an int has no module to trace it by, so a
+    # fork that re-imports only flags.py would still see 2 there and the mutant
+    # VALUE = 3 would look like a survivor. It is run again with all of sglang
+    # imported afresh before it may be called one.
+    project.add_patch(
+        "python/sglang/srt/user.py",
+        "from sglang.srt.flags import VALUE as V\n\nUSES = V\n",
+        "[XPU] Use VALUE",
+    )
+    uses = _write_test(
+        project,
+        "test_uses.py",
+        "from sglang.srt.user import USES\n\ndef test_uses():\n    assert USES == 2\n",
+    )
+    project.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE",
+        Tests=uses,
+    )
+    result = project.run("verify", "--mutants", "0002", "--json", "--fresh")
+    (patch,) = json.loads(result.out)["patches"]
+    assert result.code == 0, result.out
+    assert patch["made"] >= 3 and patch["killed"] == patch["made"]
+
+
+def test_a_file_whose_import_has_side_effects_is_imported_with_all_of_sglang(
+    project: Project,
+) -> None:
+    # plugin.py registers itself at import: imported again alone, it registers
+    # twice, and every mutant would look killed. The unmutated tests fail that
+    # way, so its mutants run with all of sglang afresh: 2 -> 3 survives, as it
+    # must for a test that accepts 3.
+    project.add_patch("python/sglang/srt/registry.py", "SEEN = []\n", "[XPU] Registry")
+    plugin = _write_test(
+        project,
+        "test_plugin.py",
+        "from sglang.srt import plugin\nfrom sglang.srt.registry import SEEN\n\n"
+        "def test_registered_once():\n"
+        "    assert SEEN == [1] and plugin.VALUE in (2, 3)\n",
+    )
+    project.add_patch(
+        "python/sglang/srt/plugin.py",
+        "from sglang.srt.registry import SEEN\n\nSEEN.append(1)\nVALUE = 2\n",
+        "[XPU] Plugin",
+        Tests=plugin,
+    )
+    result = project.run("verify", "--mutants", "0002", "--json", "--fresh")
+    (patch,) = json.loads(result.out)["patches"]
+    assert result.code == 1
+    survivors = [s["diff"] for s in patch["survived"]]
+    assert "python/sglang/srt/plugin.py:4: -VALUE = 2 +VALUE = 3" in survivors
