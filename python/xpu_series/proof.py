@@ -143,6 +143,25 @@ def outcome_key(project: Project, tree_id: str, tests: list[str]) -> str:
     return h.hexdigest()
 
 
+def store_json(cache: Path, key: str, data: dict) -> None:
+    """`cache/<key>.json`, written beside and renamed in: never half a file."""
+    cache.mkdir(parents=True, exist_ok=True)
+    tmp = cache / f".{key}.tmp"
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, cache / f"{key}.json")
+
+
+def load_outcomes(cache: Path, key: str) -> dict[str, str] | None:
+    """The outcomes stored under `key`; None when there are none (or the file is
+    unreadable: then the run happens again)."""
+    try:
+        data = json.loads((cache / f"{key}.json").read_text())
+    except (OSError, ValueError):
+        return None
+    outcomes = data.get("outcomes") if isinstance(data, dict) else None
+    return outcomes if isinstance(outcomes, dict) and outcomes else None
+
+
 @dataclass
 class Run:
     """What one prefix owes: its commit and the tests to run there."""
@@ -176,19 +195,12 @@ class PrefixRunner:
         self.say = say
 
     def _load(self, key: str) -> dict[str, str] | None:
-        try:
-            data = json.loads((self.cache / f"{key}.json").read_text())
-        except (OSError, ValueError):
-            return None
-        return data.get("outcomes") or None
+        return load_outcomes(self.cache, key)
 
     def _store(self, key: str, outcomes: dict[str, str], log: str) -> None:
         if not outcomes:
             return  # no outcome is never remembered: the next run tries again
-        self.cache.mkdir(parents=True, exist_ok=True)
-        tmp = self.cache / f".{key}.tmp"
-        tmp.write_text(json.dumps({"outcomes": outcomes, "log": log}))
-        os.replace(tmp, self.cache / f"{key}.json")
+        store_json(self.cache, key, {"outcomes": outcomes, "log": log})
 
     def run(self, work: dict[str, Run]) -> dict[str, dict[str, str]]:
         """Outcomes per label of `work` (label -> commit and tests)."""

@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import json
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -34,7 +32,9 @@ from xpu_series.proof import (
     Run,
     Worktrees,
     count,
+    load_outcomes,
     outcome_key,
+    store_json,
 )
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, Report
 from xpu_series.tree import UPSTREAM_TAG
@@ -338,7 +338,7 @@ def run_mutants(
         if tests and made:
             tree_id = git.out("rev-parse", f"{commits[k]}^{{tree}}")
             key = mutants_key(project, tree_id, tests, made)
-            saved = None if fresh else _load_mutants(cache, key)
+            saved = None if fresh else load_outcomes(cache, key)
             if saved is not None:
                 entry.baseline, entry.outcomes = "survived", saved
                 entry.cached = True
@@ -385,7 +385,8 @@ def run_mutants(
             finally:
                 pool.give(worktree)
             if entry.baseline == "survived" and len(entry.outcomes) == len(entry.made):
-                _store_mutants(cache, key, entry.outcomes)
+                # Only a complete run with passing unmutated tests is remembered.
+                store_json(cache, key, {"outcomes": entry.outcomes})
             with lock:
                 finished[0] += 1
                 tell(
@@ -409,23 +410,6 @@ MUTANT_BATCH = 10
 
 def _elapsed(start: float) -> str:
     return f"{time.monotonic() - start:.0f}s elapsed"
-
-
-def _load_mutants(cache: Path, key: str) -> dict[str, str] | None:
-    try:
-        data = json.loads((cache / f"{key}.json").read_text())
-    except (OSError, ValueError):
-        return None
-    outcomes = data.get("outcomes")
-    return outcomes if isinstance(outcomes, dict) and outcomes else None
-
-
-def _store_mutants(cache: Path, key: str, outcomes: dict[str, str]) -> None:
-    """Only a complete run with passing unmutated tests is remembered."""
-    cache.mkdir(parents=True, exist_ok=True)
-    tmp = cache / f".{key}.tmp"
-    tmp.write_text(json.dumps({"outcomes": outcomes}))
-    os.replace(tmp, cache / f"{key}.json")
 
 
 def _render_mutants(out: Output, result: MutantsResult) -> None:
