@@ -433,3 +433,18 @@ def test_applied_upstream_field_marks_a_reworded_backport_absorbed(
     write_pin(project.root, "0.0.1", build_wheel(older, files, version="0.0.1"))
     result = project.run("check", "--wheel", str(older), "--json")
     assert json.loads(result.out)["patches"][0]["status"] == "conflict"
+
+
+def test_apply_tells_a_line_per_patch_off_a_terminal(three_patches, tmp_path) -> None:
+    tree = tmp_path / "fresh-tree"
+    result = three_patches.run("apply", "--tree", str(tree))
+    assert result.code == 0, result.err
+    lines = [line for line in result.err.splitlines() if line.startswith("[")]
+    assert [line.split(" (")[0] for line in lines] == [
+        "[1/3] 0001-raise-value.patch",
+        "[2/3] 0002-fix-the-answer.patch",
+        "[3/3] 0003-raise-the-limit.patch",
+    ]
+    # --json: the result only, on stdout; no progress on stderr.
+    quiet = three_patches.run("apply", "--tree", str(tmp_path / "other"), "--json")
+    assert quiet.code == 0 and "[1/3]" not in quiet.err

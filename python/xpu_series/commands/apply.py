@@ -446,9 +446,14 @@ def execute(ctx: Context) -> Output:
 
 
 def _progress_hook(ctx: Context) -> ProgressHook:
+    """A line per patch as it is applied, on a terminal and in a CI log alike
+    (not with --json: a machine reads the result, not the way there)."""
+    start = time.monotonic()
+
     def show(patch, index: int, total: int) -> None:
-        if ctx.progress:
-            ctx.say(f"[{index + 1}/{total}] {patch.name}")
+        if not ctx.json:
+            elapsed = time.monotonic() - start
+            ctx.say(f"[{index + 1}/{total}] {patch.name} ({elapsed:.0f}s elapsed)")
 
     return show
 
