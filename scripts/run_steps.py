@@ -84,7 +84,7 @@ STEPS: tuple[Step, ...] = (
     Step("hadolint", "hadolint: docker/Dockerfile",
          (".venv/bin/hadolint", "docker/Dockerfile"), "first"),
     Step("actionlint", "actionlint: .github/workflows",
-         (".venv/bin/actionlint", "-shellcheck=", "-pyflakes="), "first"),
+         ("scripts/actionlint",), "first"),
     # The tool lane.
     Step("tool-tests", "tool tests (test/unit) and doctests",
          (*PYTEST, "--doctest-modules", "python/xpu_series", "test/unit"), "tool"),
@@ -236,14 +236,24 @@ def run_step(run: Run, step: Step) -> bool:
     env = {**os.environ, **dict(step.env)}
     start = time.monotonic()
     # Its own process group: a step past its limit is stopped with its children.
-    proc = subprocess.Popen(
-        step.command,
-        cwd=ROOT,
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    try:
+        proc = subprocess.Popen(
+            step.command,
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    except OSError as exc:
+        outcome.code, outcome.note = (
+            127,
+            f"cannot run {step.command[0]}: {exc.strerror}",
+        )
+        run.say(f"<== [{step.tag}] FAILED: {outcome.note}")
+        run.failed.set()
+        run.save()
+        return False
     with run.lock:
         run.procs.add(proc)
     stopped = threading.Event()

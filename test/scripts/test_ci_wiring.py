@@ -221,6 +221,17 @@ def test_a_failed_step_fails_the_run_and_stops_its_lane(steps, capsys) -> None:
     assert re.search(r"^after +tool +- +not run: an earlier step failed$", out, re.M)
 
 
+def test_a_step_whose_program_is_missing_fails_by_name(steps, capsys) -> None:
+    steps.STEPS = (
+        steps.Step("bootstrap", "boot", ("true",), "first"),
+        steps.Step("gone", "gone", ("./no-such-program",), "tool"),
+    )
+    assert steps.main([]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: cannot run ./no-such-program" in out
+    assert re.search(r"^gone +tool +0\.0s +cannot run \./no-such-program", out, re.M)
+
+
 def test_a_step_past_its_limit_is_stopped(steps, capsys) -> None:
     _fake(steps, ("bootstrap", "true", "first", 60), ("hangs", "sleep 60", "tool", 1))
     assert steps.main([]) == 1
@@ -256,6 +267,16 @@ def test_the_real_steps_cover_every_check(steps) -> None:
                   "verify", "mutants", "standin-suite", "overlay", "replay",
                   "matrix", "benchmarks"):  # fmt: skip
         assert check in tags
+    # Every command is one this checkout has (or bootstrap puts in .venv).
+    for step in real:
+        program = step.command[0]
+        if program.startswith(".venv/"):
+            assert program.rsplit("/", 1)[1] in ("python", "ruff", "hadolint",
+                                                 "xpu-series"), program  # fmt: skip
+        elif "/" in program:
+            assert (ROOT / program).is_file(), program
+        else:
+            assert shutil.which(program), program
     # The scripts run with this interpreter's stdlib only: nothing imported that
     # .venv would have to provide first.
     source = (ROOT / "scripts" / "run_steps.py").read_text()
