@@ -82,5 +82,9 @@ def arm(where: str, sig: int) -> None:
 
 
 if __name__ == "__main__":
+    # As at a terminal: a job started in the background by a shell (a CI runner,
+    # a benchmark) inherits SIGINT ignored, and then Python never raises
+    # KeyboardInterrupt. The tests are about what Ctrl-C does.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     arm(sys.argv[1], getattr(signal, sys.argv[2]))
     sys.exit(cli.main(sys.argv[3:]))
