@@ -125,8 +125,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--dataset-path", help="local ShareGPT json for the prompts (else download)"
     )
+    parser.add_argument(
+        "--quick",
+        action="store_true",
+        help="the smallest sweep (what CI runs on the CPU stand-in, so the "
+        "benchmark cannot rot): the size equal to the input and off, 2 prompts of "
+        "96 tokens",
+    )
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- server args")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.sizes, args.input_len, args.num_prompts = "input", 96, 2
     args.extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     points: list[SweepPoint] = []
     with tempfile.TemporaryDirectory(prefix="chunk-sweep-") as tmp:

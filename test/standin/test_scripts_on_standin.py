@@ -140,8 +140,8 @@ def test_bench_chunked_prefill_runs_the_offline_benchmark(tmp_path: Path) -> Non
     dataset.write_text(json.dumps(conversations))
     proc = _run(
         str(SCRIPTS / "bench_chunked_prefill.py"), "--model",
-        str(cpu_standin.model_dir()), "--device", "cpu", "--input-len", "96",
-        "--num-prompts", "2", "--sizes", "input", "--dataset-path", str(dataset),
+        str(cpu_standin.model_dir()), "--device", "cpu", "--quick",
+        "--dataset-path", str(dataset),
         "--", *cpu_standin.launch_args()[2:],
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
