@@ -4,9 +4,12 @@ prefix, the outcome plugin, and a cache of outcomes keyed by tree and tests)."""
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+import shutil
+import subprocess
 import sys
 import tempfile
 import threading
@@ -107,6 +110,71 @@ def run_pytest(
     return outcomes, result.stdout[-4000:] + result.stderr[-2000:]
 
 
+class _Worker:
+    """A `prefix_worker` interpreter on one worktree (heavy imports once, a fork
+    per run); `ask` runs tests on whatever the worktree has checked out."""
+
+    def __init__(self, project: Project, worktree: Path, every: list[str]) -> None:
+        self.tmp = Path(tempfile.mkdtemp(prefix="xpu-verify-"))
+        (self.tmp / "tests.json").write_text(json.dumps(every))
+        self.stderr = (self.tmp / "worker.log").open("wb")
+        env = {
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                [str(worktree / "python"), str(Path(__file__).parents[1])]
+            ),
+            # Nothing of the runs' own (servers they start) writes into the tree.
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "xpu_series.prefix_worker", str(project.root),
+             str(self.tmp / "tests.json")],
+            cwd=project.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+            stderr=self.stderr, text=True,
+        )  # fmt: skip
+        self.runs = 0
+        self.dead = False
+
+    def ask(self, tests: list[str]) -> tuple[dict[str, str], str]:
+        """Outcome per node id and the tail of pytest's output, as run_pytest."""
+        self.runs += 1
+        outcomes_path = self.tmp / f"outcomes-{self.runs}.json"
+        log_path = self.tmp / f"run-{self.runs}.log"
+        request = {"tests": tests, "outcomes": str(outcomes_path),
+                   "log": str(log_path)}  # fmt: skip
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        try:
+            self.proc.stdin.write(json.dumps(request) + "\n")
+            self.proc.stdin.flush()
+            answer = self.proc.stdout.readline()
+        except BrokenPipeError:
+            answer = ""
+        log = log_path.read_text(errors="replace") if log_path.is_file() else ""
+        try:
+            outcomes = json.loads(outcomes_path.read_text())
+        except (OSError, ValueError):
+            outcomes = {}
+        if not answer:
+            # The worker itself died: say why, and let the next run start anew.
+            self.dead = True
+            self.stderr.flush()
+            log += (self.tmp / "worker.log").read_text(errors="replace")[-2000:]
+            self.close()
+        return outcomes, log[-6000:]
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()
+        try:
+            self.proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+        self.stderr.close()
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
 def _support_files(project: Project, tests: Iterable[str]) -> list[Path]:
     """What a test run reads besides sglang: the test files, the other files of
     their folders (configs, helpers), and the conftest.py files, helper modules
@@ -202,6 +270,28 @@ class PrefixRunner:
             return  # no outcome is never remembered: the next run tries again
         store_json(self.cache, key, {"outcomes": outcomes, "log": log})
 
+    def _tell(
+        self,
+        lock: threading.Lock,
+        label: str,
+        outcomes: dict[str, str],
+        began: float,
+        start: float,
+        done: list[int],
+        total: int,
+    ) -> None:
+        if self.say is None:
+            return
+        tally = Counter(outcomes.values())
+        counts = ", ".join(f"{n} {o}" for o, n in sorted(tally.items()))
+        with lock:
+            done[0] += 1
+            self.say(
+                f"{label}: {counts or 'no outcome'} in "
+                f"{time.monotonic() - began:.0f}s "
+                f"[{done[0]}/{total} runs, {time.monotonic() - start:.0f}s elapsed]"
+            )
+
     def run(self, work: dict[str, Run]) -> dict[str, dict[str, str]]:
         """Outcomes per label of `work` (label -> commit and tests)."""
         results: dict[str, dict[str, str]] = {}
@@ -221,31 +311,34 @@ class PrefixRunner:
         pool = Worktrees(self.git, self.root, min(self.jobs, len(todo)))
         lock = threading.Lock()
         start, done = time.monotonic(), [0]
+        waiting = list(todo)
+        every = sorted({t for run, _key in todo.values() for t in run.tests})
 
-        def job(label: str) -> None:
-            run, key = todo[label]
-            worktree = pool.take()
-            began = time.monotonic()
+        def lane(worktree: Path) -> None:
+            """One worktree, one worker interpreter, the runs still waiting."""
+            worker: _Worker | None = None
             try:
-                Git(worktree).run("checkout", "-q", "-f", "--detach", run.commit)
-                outcomes, log = run_pytest(self.project, worktree, run.tests)
+                while True:
+                    with lock:
+                        if not waiting:
+                            return
+                        label = waiting.pop(0)
+                    run, key = todo[label]
+                    began = time.monotonic()
+                    Git(worktree).run("checkout", "-q", "-f", "--detach", run.commit)
+                    if worker is None:
+                        worker = _Worker(self.project, worktree, every)
+                    outcomes, log = worker.ask(run.tests)
+                    if worker.dead:
+                        worker = None  # the next run starts another
+                    results[label], self.logs[label] = outcomes, log
+                    self._store(key, outcomes, log)
+                    self._tell(lock, label, outcomes, began, start, done, len(todo))
             finally:
-                pool.give(worktree)
-            results[label], self.logs[label] = outcomes, log
-            self._store(key, outcomes, log)
-            if self.say is not None:
-                tally = Counter(outcomes.values())
-                counts = ", ".join(f"{n} {o}" for o, n in sorted(tally.items()))
-                with lock:
-                    done[0] += 1
-                    self.say(
-                        f"{label}: {counts or 'no outcome'} in "
-                        f"{time.monotonic() - began:.0f}s "
-                        f"[{done[0]}/{len(todo)} runs, "
-                        f"{time.monotonic() - start:.0f}s elapsed]"
-                    )
+                if worker is not None:
+                    worker.close()
 
         with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
-            for future in [executor.submit(job, label) for label in todo]:
+            for future in [executor.submit(lane, path) for path in list(pool.free)]:
                 future.result()
         return results

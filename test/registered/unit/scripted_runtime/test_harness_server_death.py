@@ -14,6 +14,7 @@ import unittest
 from pathlib import Path
 from unittest import mock
 
+import psutil
 import zmq
 from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import sock_send, wrap_as_pickle
@@ -27,9 +28,34 @@ import cpu_standin  # noqa: E402
 
 register_cpu_ci(est_time=90, suite="base-a-test-cpu")
 
-# Long enough for a server to die and be noticed; far shorter than the default,
-# so a harness that waits the timeout out fails these tests with TimeoutError.
-ACCEPT_TIMEOUT_S = 60.0
+# Long enough for a server to die on a busy machine (CI runs servers side by
+# side). A harness that waits it out is failed sooner than that: AFTER_DEATH_S
+# after its server process is gone, if it is still waiting.
+ACCEPT_TIMEOUT_S = 300.0
+AFTER_DEATH_S = 15.0
+
+
+def _gone(process: psutil.Process) -> bool:
+    try:
+        return process.status() == psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return True
+
+
+def _server_processes(me: psutil.Process, before: set[int]) -> list[psutil.Process]:
+    """The children started since `before`, but not multiprocessing's resource
+    tracker, which outlives every server."""
+    out = []
+    for child in me.children():
+        if child.pid in before:
+            continue
+        try:
+            if "resource_tracker" in " ".join(child.cmdline()):
+                continue
+        except psutil.Error:
+            pass
+        out.append(child)
+    return out
 
 
 def _die_with_a_log(log_path: str, lines: int, code: int) -> None:
@@ -170,14 +196,43 @@ class TestServerDeathBeforeHandshake(CustomTestCase):
     """Real servers on the CPU stand-in, each broken in one place."""
 
     def _start_fails(self, model: Path) -> str:
+        """Start a broken server; the harness must raise RuntimeError soon after
+        the server process is gone (not the TimeoutError of waiting it out)."""
         kwargs = dict(cpu_standin.engine_kwargs(), model_path=str(model))
+        raised: list[BaseException] = []
+
+        def start() -> None:
+            try:
+                http_server.ScriptedHttpServer.start(**kwargs)
+            except BaseException as exc:  # noqa: BLE001 - judged below
+                raised.append(exc)
+
+        me = psutil.Process()
+        before = {child.pid for child in me.children()}
         with mock.patch.object(
             http_server, "LISTENER_ACCEPT_TIMEOUT_S", ACCEPT_TIMEOUT_S
         ):
-            # RuntimeError, not the TimeoutError of a harness that waits it out.
-            with self.assertRaises(RuntimeError) as caught:
-                http_server.ScriptedHttpServer.start(**kwargs)
-        return str(caught.exception)
+            # A daemon: a harness that never notices keeps waiting after the
+            # test has failed it, and must not keep pytest from exiting.
+            waiting = threading.Thread(target=start, daemon=True)
+            waiting.start()
+            died_at = None
+            while waiting.is_alive():
+                waiting.join(0.5)
+                servers = _server_processes(me, before)
+                if servers and all(_gone(p) for p in servers):
+                    died_at = died_at or time.monotonic()
+                    if (
+                        waiting.is_alive()
+                        and time.monotonic() - died_at > AFTER_DEATH_S
+                    ):
+                        self.fail(
+                            f"the server process died {AFTER_DEATH_S:.0f} s ago and "
+                            "the harness is still waiting for it"
+                        )
+        self.assertTrue(raised, "the broken server's start did not fail")
+        self.assertIsInstance(raised[0], RuntimeError, repr(raised[0]))
+        return str(raised[0])
 
     def _model_copy(self, *, weights: bool, config: dict | None = None) -> Path:
         folder = Path(tempfile.mkdtemp(prefix="standin-broken-"))

@@ -1,0 +1,102 @@
+"""Runs test runs on one worktree in one interpreter: torch, transformers and the
+rest are imported once, then each run is a fork that imports sglang and the test
+modules afresh from whatever commit the worktree has checked out by then.
+
+    python -m xpu_series.prefix_worker ROOT TESTS.json
+
+TESTS.json lists every test the runs may name (they are collected once, to
+import what they need). Then, one JSON line per run on stdin:
+{"tests": [...], "outcomes": PATH, "log": PATH}; the worker answers each with a
+line {"code": N, "seconds": S} on stdout once pytest in the fork has written
+PATH (the outcome plugin) and its output to the log. The caller checks the
+commit out before sending the run, and waits for the answer before the next.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _forget(root: Path) -> None:
+    """sglang, the test modules and the outcome plugin: the fork imports them
+    afresh (the checkout may have changed any of them since the last run)."""
+    tests = str(root / "test")
+    for name, module in list(sys.modules.items()):
+        path = getattr(module, "__file__", None) or ""
+        if (
+            name == "sglang"
+            or name.startswith("sglang.")
+            or name == "xpu_series.pytest_outcomes"
+            or path.startswith(tests)
+        ):
+            del sys.modules[name]
+
+
+def _child(root: Path, run: dict) -> None:
+    import importlib
+
+    import pytest
+
+    _forget(root)
+    importlib.invalidate_caches()  # a checkout can add files a finder cached
+    # Bytecode of what the checkout changed is never written: the private folder
+    # holds only what the first commit compiled, checked by each file's mtime.
+    sys.dont_write_bytecode = True
+    os.environ["XPU_SERIES_OUTCOMES"] = run["outcomes"]
+    log = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.dup2(log, 1)
+    os.dup2(log, 2)
+    code = pytest.main(["-q", "-p", "xpu_series.pytest_outcomes",
+                        "-p", "no:cacheprovider", "--continue-on-collection-errors",
+                        "--rootdir", str(root), *run["tests"]])  # fmt: skip
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(int(code))
+
+
+def main(argv: list[str]) -> int:
+    root = Path(argv[0])
+    every = json.loads(Path(argv[1]).read_text())
+    os.chdir(root)
+    import pytest
+
+    cache = tempfile.mkdtemp(prefix="xpu-prefix-pyc-")
+    sys.pycache_prefix = cache
+    sys.dont_write_bytecode = False
+    # Import once what every run needs. Collection errors are fine here: a
+    # prefix without a patch may not even import its tests.
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        with contextlib.redirect_stderr(sink):
+            pytest.main(["-q", "--co", "-p", "no:cacheprovider",
+                         "--continue-on-collection-errors", "--rootdir", str(root),
+                         *every])  # fmt: skip
+    answer = sys.stdout
+    try:
+        for line in sys.stdin:
+            run = json.loads(line)
+            start = time.monotonic()
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    _child(root, run)
+                finally:
+                    os._exit(70)
+            _, status = os.waitpid(pid, 0)
+            code = os.waitstatus_to_exitcode(status)
+            seconds = round(time.monotonic() - start, 2)
+            answer.write(json.dumps({"code": code, "seconds": seconds}) + "\n")
+            answer.flush()
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
