@@ -40,10 +40,12 @@ PYTEST = [PY, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
 MATRIX = """
 mkdir -p build/reports
 set +e
-.venv/bin/xpu-series matrix --behaviour --save build/reports 2>build/reports/matrix.err
-rc=$?
+# Its stderr (the progress lines) streams to the log as it goes, and is kept in
+# matrix.err for the check below; stdout (the table) goes straight through.
+{ .venv/bin/xpu-series matrix --behaviour --save build/reports 2>&1 1>&3 3>&- |
+    tee build/reports/matrix.err >&2; } 3>&1
+rc=${PIPESTATUS[0]}
 set -e
-cat build/reports/matrix.err >&2
 if [ "$rc" -ne 0 ]; then
   if grep -q "could not reach the package index" build/reports/matrix.err; then
     echo "skipped: the package index cannot be reached: the newer releases are unknown"

@@ -282,3 +282,31 @@ def test_the_real_steps_cover_every_check(steps) -> None:
     source = (ROOT / "scripts" / "run_steps.py").read_text()
     imported = set(re.findall(r"^(?:import|from) (\w+)", source, re.M))
     assert imported <= set(sys.stdlib_module_names) | {"__future__"}
+
+
+@pytest.mark.parametrize(
+    ("says", "code", "passes"),
+    [
+        ("error: could not reach the package index to list sglang releases", 1, True),
+        ("error: 0.5.24: the run without it produced no outcome", 1, False),
+        ("matrix 0.5.23: 6/6 patches apply", 0, True),
+    ],
+)
+def test_the_matrix_step_fails_only_on_our_own_errors(
+    steps, tmp_path: Path, capsys, says: str, code: int, passes: bool
+) -> None:
+    fake = tmp_path / ".venv" / "bin" / "xpu-series"
+    fake.parent.mkdir(parents=True)
+    fake.write_text(f"#!/bin/sh\necho table\necho 'matrix 0.5.20: 1/1' >&2\n"
+                    f"echo '{says}' >&2\nexit {code}\n")  # fmt: skip
+    fake.chmod(0o755)
+    real = load_script("run_steps.py")
+    (matrix,) = [s for s in real.STEPS if s.tag == "matrix"]
+    steps.STEPS = (steps.Step("bootstrap", "boot", ("true",), "first"), matrix)
+    assert (steps.main([]) == 0) is passes
+    out = capsys.readouterr().out
+    # The progress on stderr reaches the log (tagged), and the table on stdout.
+    assert "[matrix] matrix 0.5.20: 1/1" in out and "[matrix] table" in out
+    if "package index" in says:
+        assert "[matrix] skipped: the package index cannot be reached" in out
+    assert says in (tmp_path / "build" / "reports" / "matrix.err").read_text()
