@@ -183,6 +183,8 @@ class Run:
 
     outcomes: dict[str, Outcome] = field(default_factory=dict)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # steps.json is written by both lanes: one writer at a time.
+    saving: threading.Lock = field(default_factory=threading.Lock)
     failed: threading.Event = field(default_factory=threading.Event)
     procs: set[subprocess.Popen[bytes]] = field(default_factory=set)
     start: float = field(default_factory=time.monotonic)
@@ -211,9 +213,10 @@ class Run:
                 for o in self.outcomes.values()
             ],
         }
-        tmp = REPORTS / ".steps.json.tmp"
-        tmp.write_text(json.dumps(data, indent=2) + "\n")
-        os.replace(tmp, REPORTS / "steps.json")
+        with self.saving:
+            tmp = REPORTS / ".steps.json.tmp"
+            tmp.write_text(json.dumps(data, indent=2) + "\n")
+            os.replace(tmp, REPORTS / "steps.json")
 
 
 def run_step(run: Run, step: Step) -> bool:
@@ -291,6 +294,21 @@ def run_step(run: Run, step: Step) -> bool:
     if code != 0:
         run.failed.set()
     return code == 0
+
+
+def run_lane(run: Run, steps: list[Step]) -> None:
+    """The lane's steps in order; a fault of this runner fails the run, loudly."""
+    current = None
+    try:
+        for current in steps:
+            run_step(run, current)
+    except Exception as exc:  # noqa: BLE001 - reported, and the run fails
+        run.failed.set()
+        if current is not None:
+            outcome = run.outcomes[current.tag]
+            outcome.code = outcome.code if outcome.code not in (None, 0) else 1
+            outcome.note = f"the step runner failed here: {exc!r}"
+        run.say(f"error: the step runner failed: {exc!r}")
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -382,10 +400,7 @@ def main(argv: list[str]) -> int:
         if args.serial:
             lanes = [[s for lane in lanes for s in lane]]
         threads = [
-            threading.Thread(
-                target=lambda steps=lane: [run_step(run, s) for s in steps]
-            )
-            for lane in lanes
+            threading.Thread(target=run_lane, args=(run, lane)) for lane in lanes
         ]
         for thread in threads:
             thread.start()

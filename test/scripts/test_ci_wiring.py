@@ -207,6 +207,21 @@ def test_a_step_that_passed_on_the_same_inputs_is_not_run_again(
     assert counter.read_text().count("run") == 4
 
 
+def test_both_lanes_finishing_at_once_keep_a_whole_report(steps, capsys) -> None:
+    # Remembered passes end in an instant: the two lanes write steps.json at
+    # the same moments, again and again.
+    many = [(f"{lane}-{k}", "true", lane, 60) for k in range(25)
+            for lane in ("tool", "serve")]  # fmt: skip
+    _fake(steps, ("bootstrap", "true", "first", 60), *many)
+    assert steps.main([]) == 0
+    for _ in range(3):
+        assert steps.main([]) == 0
+        report = json.loads((steps.REPORTS / "steps.json").read_text())
+        assert len(report["steps"]) == 51
+        assert all(s["code"] == 0 for s in report["steps"])
+    assert "step runner failed" not in capsys.readouterr().out
+
+
 def test_a_failed_step_fails_the_run_and_stops_its_lane(steps, capsys) -> None:
     _fake(
         steps,
