@@ -32,8 +32,9 @@ STEPS = Path("build") / "reports" / "steps.json"
 QUICK = ("bench_apply.py", "bench_matrix.py", "bench_rebase.py")
 
 
-def load_steps(path: Path) -> dict[str, float]:
-    """Seconds per step tag of one run; a failed step is an error, not a time."""
+def load_steps(path: Path, field: str = "seconds") -> dict[str, float]:
+    """Seconds per step tag of one run (`field`: wall "seconds" or "cpu_s"); a
+    failed step is an error, not a time."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -41,8 +42,13 @@ def load_steps(path: Path) -> dict[str, float]:
     failed = [s["tag"] for s in data["steps"] if s["code"] not in (0, None)]
     if failed:
         raise SystemExit(f"error: {path}: these steps failed: {', '.join(failed)}")
-    times = {s["tag"]: float(s["seconds"]) for s in data["steps"] if s["code"] == 0}
-    times["(wall clock)"] = float(data["wall_s"])
+    times = {
+        s["tag"]: float(s.get(field, 0.0)) for s in data["steps"] if s["code"] == 0
+    }
+    if field == "seconds":
+        times["(wall clock)"] = float(data["wall_s"])
+    else:
+        times["(wall clock)"] = sum(times.values())  # the total of the steps
     return times
 
 
@@ -73,7 +79,7 @@ def _clock(seconds: float) -> str:
     return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
 
 
-def _ci(clone: Path, log: Path) -> dict[str, float]:
+def _ci(clone: Path, log: Path) -> tuple[dict[str, float], dict[str, float]]:
     start = time.monotonic()
     with log.open("w") as out:
         done = subprocess.run(
@@ -87,7 +93,7 @@ def _ci(clone: Path, log: Path) -> dict[str, float]:
     if done.returncode:
         raise SystemExit(f"error: .ci/run failed in {clone} (see {log})")
     print(f"  .ci/run in {clone}: {time.monotonic() - start:.0f} s", flush=True)
-    return load_steps(clone / STEPS)
+    return load_steps(clone / STEPS), load_steps(clone / STEPS, "cpu_s")
 
 
 def full(runs: int, warm: bool, keep: bool) -> int:
@@ -95,7 +101,7 @@ def full(runs: int, warm: bool, keep: bool) -> int:
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=True,
     ).stdout.strip()  # fmt: skip
-    columns: dict[str, list[dict[str, float]]] = {"cold": []}
+    columns: dict[str, list[dict[str, float]]] = {"cold": [], "cold cpu": []}
     if warm:
         columns["warm"] = []
     for number in range(1, runs + 1):
@@ -103,9 +109,11 @@ def full(runs: int, warm: bool, keep: bool) -> int:
         subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT),
                         str(clone)], check=True)  # fmt: skip
         print(f"run {number}/{runs}: clean clone of {head}", flush=True)
-        columns["cold"].append(_ci(clone, clone.with_suffix(".cold.log")))
+        wall, cpu = _ci(clone, clone.with_suffix(".cold.log"))
+        columns["cold"].append(wall)
+        columns["cold cpu"].append(cpu)
         if warm:
-            columns["warm"].append(_ci(clone, clone.with_suffix(".warm.log")))
+            columns["warm"].append(_ci(clone, clone.with_suffix(".warm.log"))[0])
         if not keep:
             subprocess.run(["rm", "-rf", str(clone)], check=True)
     print(f"\nscripts/test on {head}, {os.cpu_count()} cores")

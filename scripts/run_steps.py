@@ -173,6 +173,9 @@ def step_key(digest: str, step: Step) -> str:
 class Outcome:
     step: Step
     seconds: float = 0.0
+    # CPU seconds (user + system) of the step and the children it waited for:
+    # on two cores the lanes share, this is what a step really costs.
+    cpu_s: float = 0.0
     code: int | None = None  # None: not run
     note: str = ""
 
@@ -207,6 +210,7 @@ class Run:
                     "title": o.step.title,
                     "lane": o.step.lane,
                     "seconds": round(o.seconds, 1),
+                    "cpu_s": round(o.cpu_s, 1),
                     "code": o.code,
                     "note": o.note,
                 }
@@ -274,7 +278,7 @@ def run_step(run: Run, step: Step) -> bool:
         for raw in proc.stdout:
             log.write(raw)
             run.say(f"[{step.tag}] {raw.decode(errors='replace').rstrip()}")
-    code = proc.wait()
+    code, outcome.cpu_s = _wait(proc)
     timer.cancel()
     with run.lock:
         run.procs.discard(proc)
@@ -311,6 +315,21 @@ def run_lane(run: Run, steps: list[Step]) -> None:
         run.say(f"error: the step runner failed: {exc!r}")
 
 
+def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
+    """The exit code and the CPU seconds of the process and what it waited for
+    (wait4's rusage: per step, where the whole run's would mix both lanes)."""
+    while True:
+        try:
+            _pid, status, usage = os.wait4(proc.pid, 0)
+            break
+        except InterruptedError:
+            continue
+        except ChildProcessError:  # reaped elsewhere: no rusage to read
+            return proc.wait(), 0.0
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    return proc.returncode, usage.ru_utime + usage.ru_stime
+
+
 def _stop(proc: subprocess.Popen[bytes]) -> None:
     try:
         os.killpg(proc.pid, signal.SIGTERM)
@@ -325,7 +344,7 @@ def _clock(seconds: float) -> str:
     return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
 
 
-def summary_rows(run: Run) -> list[tuple[str, str, str, str]]:
+def summary_rows(run: Run) -> list[tuple[str, str, str, str, str]]:
     rows = []
     for o in run.outcomes.values():
         if o.code is None:
@@ -334,27 +353,34 @@ def summary_rows(run: Run) -> list[tuple[str, str, str, str]]:
             result = o.note or "ok"
         else:
             result = o.note or f"FAILED (exit {o.code})"
-        spent = _clock(o.seconds) if o.code is not None else "-"
-        rows.append((o.step.tag, o.step.lane, spent, result))
+        ran = o.code is not None and not o.note.endswith("(cached)")
+        spent = _clock(o.seconds) if ran else "-"
+        cpu = _clock(o.cpu_s) if ran else "-"
+        rows.append((o.step.tag, o.step.lane, spent, cpu, result))
     return rows
 
 
+def _totals(run: Run) -> str:
+    cpu = sum(o.cpu_s for o in run.outcomes.values())
+    return f"wall clock {_clock(time.monotonic() - run.start)}, cpu {_clock(cpu)}"
+
+
 def summary(run: Run) -> str:
-    rows = [("step", "lane", "time", "result"), *summary_rows(run)]
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    rows = [("step", "lane", "time", "cpu", "result"), *summary_rows(run)]
+    widths = [max(len(r[i]) for r in rows) for i in range(5)]
     lines = [
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
         for r in rows
     ]
-    lines.append(f"wall clock {_clock(time.monotonic() - run.start)}")
+    lines.append(_totals(run))
     return "\n".join(lines)
 
 
 def markdown(run: Run) -> str:
     """The same table for a CI job summary (.github/workflows/test.yml)."""
-    lines = ["| step | lane | time | result |", "|---|---|---|---|"]
+    lines = ["| step | lane | time | cpu | result |", "|---|---|---|---|---|"]
     lines += ["| " + " | ".join(row) + " |" for row in summary_rows(run)]
-    lines.append(f"\nwall clock {_clock(time.monotonic() - run.start)}")
+    lines.append("\n" + _totals(run))
     return "\n".join(lines) + "\n"
 
 

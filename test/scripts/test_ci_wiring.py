@@ -125,6 +125,10 @@ def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     return module
 
 
+# Spins for half a second of CPU time.
+BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+
+
 def _fake(module, *specs: tuple[str, str, str, int]) -> None:
     module.STEPS = tuple(
         module.Step(tag, f"the {tag} step", module.sh(script), lane, limit_s=limit)
@@ -138,21 +142,28 @@ def test_every_step_is_timed_and_summed_up(steps, capsys) -> None:
         ("bootstrap", "echo ready", "first", 60),
         ("one", "sleep 0.3; echo one done", "tool", 60),
         ("two", "echo two done", "serve", 60),
+        # Half a second of CPU in the step's program: its cpu counts it.
+        ("busy", f"{sys.executable} -c '{BUSY}'", "serve", 60),
     )
     assert steps.main([]) == 0
     out = capsys.readouterr().out
     # Each line is relayed with its step's tag, each step ends with its time.
     assert "[one] one done" in out and "[two] two done" in out
     assert re.search(r"<== \[one\] ok in 0\.\d+s", out)
-    assert re.search(r"^one +tool +0\.\d+s +ok$", out, re.M)
-    assert "wall clock" in out
+    # Sleeping costs time, not CPU; spinning costs both.
+    one = re.search(r"^one +tool +0\.(\d)\d*s +0\.(\d)\d*s +ok$", out, re.M)
+    assert one and int(one[1]) >= 3 and int(one[2]) < 2, out
+    busy = re.search(r"^busy +serve +\S+ +(\d+\.\d)s +ok$", out, re.M)
+    assert busy and float(busy[1]) >= 0.4, out
+    assert re.search(r"^wall clock \S+, cpu \S+$", out, re.M)
     report = json.loads((steps.REPORTS / "steps.json").read_text())
-    assert [s["tag"] for s in report["steps"]] == ["bootstrap", "one", "two"]
+    assert [s["tag"] for s in report["steps"]] == ["bootstrap", "one", "two", "busy"]
     assert all(s["code"] == 0 for s in report["steps"])
     assert report["steps"][1]["seconds"] >= 0.3
+    assert report["steps"][3]["cpu_s"] >= 0.4
     assert "one done" in (steps.REPORTS / "steps" / "one.log").read_text()
     table = (steps.REPORTS / "steps.md").read_text()
-    assert re.search(r"^\| one \| tool \| 0\.\d+s \| ok \|$", table, re.M)
+    assert re.search(r"^\| one \| tool \| 0\.\d+s \| 0\.\d+s \| ok \|$", table, re.M)
 
 
 def test_bench_ci_reads_the_steps_a_run_wrote(steps, capsys) -> None:
@@ -194,7 +205,7 @@ def test_a_step_that_passed_on_the_same_inputs_is_not_run_again(
     out = capsys.readouterr().out
     assert counter.read_text().count("run") == 1
     assert "passed on these same inputs at" in out and "scripts/test --fresh" in out
-    assert re.search(r"^check +tool +0\.0s +ok \(cached\)$", out, re.M)
+    assert re.search(r"^check +tool +- +- +ok \(cached\)$", out, re.M)
     # The hint, followed: --fresh runs it again.
     assert steps.main(["--fresh"]) == 0
     assert counter.read_text().count("run") == 2
@@ -233,7 +244,7 @@ def test_a_failed_step_fails_the_run_and_stops_its_lane(steps, capsys) -> None:
     out = capsys.readouterr().out
     assert "[breaks] broken" in out and "FAILED (exit 3)" in out
     assert "should not run" not in out
-    assert re.search(r"^after +tool +- +not run: an earlier step failed$", out, re.M)
+    assert re.search(r"^after +tool +- +- +not run: an earlier step failed$", out, re.M)
 
 
 def test_a_step_whose_program_is_missing_fails_by_name(steps, capsys) -> None:
@@ -244,7 +255,9 @@ def test_a_step_whose_program_is_missing_fails_by_name(steps, capsys) -> None:
     assert steps.main([]) == 1
     out = capsys.readouterr().out
     assert "FAILED: cannot run ./no-such-program" in out
-    assert re.search(r"^gone +tool +0\.0s +cannot run \./no-such-program", out, re.M)
+    assert re.search(
+        r"^gone +tool +0\.0s +0\.0s +cannot run \./no-such-program", out, re.M
+    )
 
 
 def test_a_step_past_its_limit_is_stopped(steps, capsys) -> None:
