@@ -139,8 +139,8 @@ def _run_child(
     # there, never in the checkout (test paths are absolute).
     os.chdir(tempfile.mkdtemp(prefix="run-", dir=os.environ["XPU_MUTANT_SCRATCH"]))
 
-    # The parent's bytecode of unchanged modules is reused; the mutated file's
-    # has another mtime (see main), so it is compiled from its new source.
+    # A .pyc someone else left in the tree is never taken for the mutant: its
+    # file has another mtime (see main), so it is compiled from its new source.
     sys.dont_write_bytecode = True
     _purge(root, module)
     devnull = os.open(os.devnull, os.O_WRONLY)
@@ -197,11 +197,10 @@ def main(argv: list[str]) -> int:
     tests = [f"{root}/{test}" for test in spec["tests"]]
     import pytest
 
-    # Bytecode of the unchanged modules goes to a private folder once, so each
-    # fork re-imports sglang from it instead of compiling thousands of lines.
-    cache = tempfile.mkdtemp(prefix="xpu-mutant-pyc-")
-    sys.pycache_prefix = cache
-    sys.dont_write_bytecode = False
+    # No bytecode is written, and none is redirected: a pycache_prefix would
+    # hide the installed packages' own .pyc and compile torch and transformers
+    # again in every worker (about 15 s of CPU each).
+    sys.dont_write_bytecode = True
     # Import once what every run needs (torch, transformers, sglang, the tests).
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
         pytest.main(["-q", "--co", "-p", "no:cacheprovider", "--rootdir", str(root),
@@ -249,7 +248,6 @@ def main(argv: list[str]) -> int:
             out.write(json.dumps({"id": mutant["id"], "outcome": outcome,
                                   "seconds": round(seconds, 2)}) + "\n")  # fmt: skip
             out.flush()
-    shutil.rmtree(cache, ignore_errors=True)
     shutil.rmtree(scratch, ignore_errors=True)
     return 0
 
