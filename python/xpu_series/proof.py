@@ -230,6 +230,11 @@ def load_outcomes(cache: Path, key: str) -> dict[str, str] | None:
     return outcomes if isinstance(outcomes, dict) and outcomes else None
 
 
+def _covered(nodeid: str, tests: Iterable[str]) -> bool:
+    """Is `nodeid` one of `tests` or below one (a file covers its classes)?"""
+    return any(nodeid == t or nodeid.startswith(t + "::") for t in tests)
+
+
 @dataclass
 class Run:
     """What one prefix owes: its commit and the tests to run there."""
@@ -265,10 +270,36 @@ class PrefixRunner:
     def _load(self, key: str) -> dict[str, str] | None:
         return load_outcomes(self.cache, key)
 
-    def _store(self, key: str, outcomes: dict[str, str], log: str) -> None:
+    def _covering(self, tree_id: str, tests: list[str]) -> dict[str, str] | None:
+        """The outcomes of `tests` from a stored run of more tests on the same
+        tree (verify runs a patch's Tests where the matrix wants its Fast-Tests):
+        the run that covers them is looked up under its own key, so its tests and
+        what they read are the same as now."""
+        for entry in sorted((self.cache / "by-tree" / tree_id).glob("*.json")):
+            try:
+                stored = json.loads(entry.read_text())["tests"]
+            except (OSError, ValueError, KeyError, TypeError):
+                continue
+            if not all(_covered(t, stored) for t in tests):
+                continue
+            outcomes = self._load(outcome_key(self.project, tree_id, stored))
+            if outcomes is None:
+                continue
+            mine = {n: o for n, o in outcomes.items() if _covered(n, tests)}
+            if all(any(_covered(n, [t]) for n in mine) for t in tests):
+                return mine
+        return None
+
+    def _store(
+        self, key: str, tree_id: str, tests: list[str], outcomes: dict[str, str],
+        log: str,
+    ) -> None:  # fmt: skip
         if not outcomes:
             return  # no outcome is never remembered: the next run tries again
         store_json(self.cache, key, {"outcomes": outcomes, "log": log})
+        # Which runs a tree has outcomes of: one file per run, never rewritten,
+        # so verify and the matrix can store side by side.
+        store_json(self.cache / "by-tree" / tree_id, key, {"tests": tests})
 
     def _tell(
         self,
@@ -295,24 +326,26 @@ class PrefixRunner:
     def run(self, work: dict[str, Run]) -> dict[str, dict[str, str]]:
         """Outcomes per label of `work` (label -> commit and tests)."""
         results: dict[str, dict[str, str]] = {}
-        todo: dict[str, tuple[Run, str]] = {}
+        todo: dict[str, tuple[Run, str, str]] = {}
         for label, run in work.items():
             tree_id = self.git.out("rev-parse", f"{run.commit}^{{tree}}")
             key = outcome_key(self.project, tree_id, run.tests)
-            hit = None if self.fresh else self._load(key)
+            hit = None
+            if not self.fresh:
+                hit = self._load(key) or self._covering(tree_id, run.tests)
             if hit is not None:
                 results[label] = hit
                 self.cached.add(label)
                 self.logs[label] = "(outcomes from the cache)"
             else:
-                todo[label] = (run, key)
+                todo[label] = (run, key, tree_id)
         if not todo:
             return results
         pool = Worktrees(self.git, self.root, min(self.jobs, len(todo)))
         lock = threading.Lock()
         start, done = time.monotonic(), [0]
         waiting = list(todo)
-        every = sorted({t for run, _key in todo.values() for t in run.tests})
+        every = sorted({t for run, _key, _tree in todo.values() for t in run.tests})
 
         def lane(worktree: Path) -> None:
             """One worktree, one worker interpreter, the runs still waiting."""
@@ -323,7 +356,7 @@ class PrefixRunner:
                         if not waiting:
                             return
                         label = waiting.pop(0)
-                    run, key = todo[label]
+                    run, key, tree_id = todo[label]
                     began = time.monotonic()
                     Git(worktree).run("checkout", "-q", "-f", "--detach", run.commit)
                     if worker is None:
@@ -332,7 +365,7 @@ class PrefixRunner:
                     if worker.dead:
                         worker = None  # the next run starts another
                     results[label], self.logs[label] = outcomes, log
-                    self._store(key, outcomes, log)
+                    self._store(key, tree_id, run.tests, outcomes, log)
                     self._tell(lock, label, outcomes, began, start, done, len(todo))
             finally:
                 if worker is not None:

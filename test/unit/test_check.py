@@ -238,3 +238,38 @@ def test_an_unchanged_scratch_tree_answers_from_its_record(
     changed = json.loads(three_patches.run("check", "--json").out)
     assert "unchanged since the last run" not in " ".join(changed["notes"])
     assert changed["patches"][1]["status"] == "conflict"
+
+
+def test_the_matrix_reads_its_fast_tests_off_what_verify_ran_on_the_same_tree(
+    project: Project,
+) -> None:
+    tests = project.root / "test"
+    tests.mkdir()
+    (tests / "test_value.py").write_text(
+        "from sglang.srt.flags import VALUE\n\n"
+        "def test_value():\n    assert VALUE == 2\n\n"
+        "def test_slow_twin():\n    assert VALUE == 2\n"
+    )
+    project.add_patch(
+        "python/sglang/srt/flags.py", "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE", Tests="test/test_value.py",
+        Fast_Tests="test/test_value.py::test_value",
+    )  # fmt: skip
+    assert project.run("verify").code == 0
+    # The pin's column: both trees (without, with) were run by verify, with more
+    # tests than the matrix asks for; their outcomes are read, not run again.
+    result = project.run("matrix", "0.0.1", "--behaviour", "--json")
+    assert result.code == 0, result.err
+    assert "2 test runs (2 from the cache)" in result.err
+    (row,) = json.loads(result.out)["patches"]
+    assert row["behaviour"] == {"0.0.1": "needed"}
+    # Only the Fast-Tests are counted, as if the matrix had run them itself.
+    assert row["detail"]["0.0.1"] == (
+        "without: 0 passed, 1 failed; with: 1 passed, 0 failed"
+    )
+    # A test file that changed since is a new question: its outcomes are run.
+    (tests / "test_value.py").write_text(
+        (tests / "test_value.py").read_text() + "\n# changed\n"
+    )
+    again = project.run("matrix", "0.0.1", "--behaviour", "--json")
+    assert "2 test runs (0 from the cache)" in again.err
