@@ -83,8 +83,6 @@ def engine_kwargs() -> dict[str, Any]:
     names = set(inspect.signature(ServerArgs).parameters)
     apply_environment()
     kwargs = dict(ENGINE_KWARGS)
-    if "sleep_on_idle" in names:
-        kwargs["sleep_on_idle"] = True  # see launch_args
     if "cuda_graph_backend_decode" in names:
         kwargs["cuda_graph_backend_decode"] = "disabled"
         kwargs["cuda_graph_backend_prefill"] = "disabled"
@@ -167,6 +165,7 @@ def launch_args(model: Path | None = None) -> list[str]:
         "--cuda-graph-backend-prefill", "disabled",
         # An idle scheduler polls without sleeping: a whole core per idle server
         # (10.1 s of CPU in 10 s, measured; 0.3 s with this), taken from the
-        # tests and servers beside it.
+        # tests and servers beside it. Not in engine_kwargs: the scripted runtime
+        # hands the scheduler a socket proxy that the idle sleeper cannot poll.
         "--sleep-on-idle",
     ]  # fmt: skip
