@@ -7,7 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import SCRIPTS
+from conftest import SCRIPTS, load_script
 
 
 def _uv_args(tmp_path: Path, config: str, **env: str) -> list[str]:
@@ -44,5 +44,8 @@ def test_every_index_folder_and_constraint_of_pip_reaches_uv(tmp_path) -> None:
     assert len(pairs) == 6  # nothing twice, nothing of pip's other options
 
 
-def test_a_pip_without_configuration_leaves_uv_on_its_defaults(tmp_path) -> None:
-    assert _uv_args(tmp_path, "") == ["--index-strategy", "unsafe-best-match"]
+def test_a_pip_without_configuration_leaves_uv_on_its_defaults() -> None:
+    uv_args = load_script("pip_to_uv.py").uv_args
+    assert uv_args("") == ["--index-strategy", "unsafe-best-match"]
+    # What pip says of other options, or of none, is no source of packages.
+    assert uv_args("global.timeout='60'\nglobal.cert=''\n") == uv_args("")
