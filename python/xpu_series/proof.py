@@ -54,11 +54,16 @@ class Counts:
         return text + (f", {self.errors} errors" if self.errors else "")
 
 
+def _covered(nodeid: str, tests: Iterable[str]) -> bool:
+    """Is `nodeid` one of `tests` or below one (a file covers its classes)?"""
+    return any(nodeid == t or nodeid.startswith(t + "::") for t in tests)
+
+
 def count(outcomes: dict[str, str], tests: tuple[str, ...]) -> Counts:
     """Tally the outcomes whose node id is one of `tests` or lies below one."""
     tally = {"passed": 0, "failed": 0, "skipped": 0, "error": 0}
     for nodeid, outcome in outcomes.items():
-        if not any(nodeid == t or nodeid.startswith(t + "::") for t in tests):
+        if not _covered(nodeid, tests):
             continue
         tally[outcome if outcome in tally else "failed"] += 1
     return Counts(tally["passed"], tally["failed"], tally["skipped"], tally["error"])
@@ -228,11 +233,6 @@ def load_outcomes(cache: Path, key: str) -> dict[str, str] | None:
         return None
     outcomes = data.get("outcomes") if isinstance(data, dict) else None
     return outcomes if isinstance(outcomes, dict) and outcomes else None
-
-
-def _covered(nodeid: str, tests: Iterable[str]) -> bool:
-    """Is `nodeid` one of `tests` or below one (a file covers its classes)?"""
-    return any(nodeid == t or nodeid.startswith(t + "::") for t in tests)
 
 
 @dataclass
