@@ -20,6 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
+from xpu_series.bytecode import prime
 from xpu_series.git import Git, run_command
 from xpu_series.project import Project
 
@@ -359,6 +360,7 @@ class PrefixRunner:
                     run, key, tree_id = todo[label]
                     began = time.monotonic()
                     Git(worktree).run("checkout", "-q", "-f", "--detach", run.commit)
+                    prime(Git(worktree), self.project.cache_dir)
                     if worker is None:
                         worker = _Worker(self.project, worktree, every)
                     outcomes, log = worker.ask(run.tests)

@@ -14,6 +14,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from xpu_series.bytecode import prime
 from xpu_series.commands import (
     Context,
     Output,
@@ -256,6 +257,8 @@ def _run_scratch(
 
 def _finish_apply(runner: Runner) -> None:
     record_applied(runner, runner.series().digest())
+    # The tree is what tests and servers import sglang from, process after process.
+    prime(Git(Path(runner.op.tree)), runner.project.cache_dir)
 
 
 def run_apply(

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from xpu_series import mutant_worker
+from xpu_series.bytecode import prime
 from xpu_series.commands import Context, Output, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.errors import UsageError, XpuSeriesError
@@ -378,6 +379,7 @@ def run_mutants(
 
             try:
                 Git(worktree).run("checkout", "-q", "-f", "--detach", commits[k])
+                prime(Git(worktree), project.cache_dir)
                 entry.baseline, entry.outcomes, entry.seconds = run_worker(
                     project.root, worktree, entry.tests, entry.made,
                     MUTANT_TIMEOUT_FLOOR_S, heard,
