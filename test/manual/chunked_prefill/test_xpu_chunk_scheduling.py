@@ -4,10 +4,10 @@ chunk boundaries, and with several requests interleaved."""
 import math
 import unittest
 
-from sglang.test.scripted_runtime.test_case import ScriptedTestCase
 from sglang.test.scripted_runtime_chunked_helpers import run_until_all_finished
 from xpu_common import (
     CHUNK_SIZE,
+    SharedServerTestCase,
     boundary_prompt_lens,
     drain_until_released,
     expected_chunks,
@@ -19,7 +19,7 @@ SKIP = skip_reason()
 
 
 @unittest.skipIf(SKIP, SKIP or "")
-class TestXpuChunkCounts(ScriptedTestCase):
+class TestXpuChunkCounts(SharedServerTestCase):
     ENGINE_KWARGS = xpu_engine_kwargs()
 
     @staticmethod
@@ -51,7 +51,7 @@ class TestXpuChunkCounts(ScriptedTestCase):
 
 
 @unittest.skipIf(SKIP, SKIP or "")
-class TestXpuInterleavedRequests(ScriptedTestCase):
+class TestXpuInterleavedRequests(SharedServerTestCase):
     ENGINE_KWARGS = xpu_engine_kwargs()
 
     @staticmethod

@@ -4,7 +4,6 @@ reached the tokenizer process."""
 
 import unittest
 
-from sglang.test.scripted_runtime.test_case import ScriptedTestCase
 from sglang.test.scripted_runtime_chunked_helpers import (
     advance_to_nth_chunk,
     run_until_finished,
@@ -12,6 +11,7 @@ from sglang.test.scripted_runtime_chunked_helpers import (
 from xpu_common import (
     CHUNK_SIZE,
     RID_RELEASE_SETTLE_STEPS,
+    SharedServerTestCase,
     drain_until_released,
     skip_reason,
     wait_for_free_counts,
@@ -41,7 +41,7 @@ def _assert_pools_back(t, before):
 
 
 @unittest.skipIf(SKIP, SKIP or "")
-class TestXpuReleaseAfterFinishAndAbort(ScriptedTestCase):
+class TestXpuReleaseAfterFinishAndAbort(SharedServerTestCase):
     ENGINE_KWARGS = xpu_engine_kwargs()
 
     @staticmethod

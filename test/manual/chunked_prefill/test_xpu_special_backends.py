@@ -3,10 +3,10 @@ reason, instead of launching a server that dies (or waits out a timeout)."""
 
 import unittest
 
-from sglang.test.scripted_runtime.test_case import ScriptedTestCase
 from sglang.test.scripted_runtime_chunked_helpers import run_until_finished
 from xpu_common import (
     CHUNK_SIZE,
+    SharedServerTestCase,
     drain_until_released,
     expected_chunks,
     skip_reason,
@@ -69,7 +69,7 @@ def _script_one_long_request(t):
 
 
 @unittest.skipIf(SKIP or _flashinfer_missing(), SKIP or _flashinfer_missing() or "")
-class TestXpuChunkedPrefillFlashinfer(ScriptedTestCase):
+class TestXpuChunkedPrefillFlashinfer(SharedServerTestCase):
     ENGINE_KWARGS = xpu_engine_kwargs(attention_backend="flashinfer")
 
     def test_long_prompt(self):
@@ -77,7 +77,7 @@ class TestXpuChunkedPrefillFlashinfer(ScriptedTestCase):
 
 
 @unittest.skipIf(SKIP or HICACHE_REFUSED, SKIP or HICACHE_REFUSED or "")
-class TestXpuChunkedPrefillHiCache(ScriptedTestCase):
+class TestXpuChunkedPrefillHiCache(SharedServerTestCase):
     ENGINE_KWARGS = xpu_engine_kwargs(enable_hierarchical_cache=True)
 
     def test_long_prompt(self):

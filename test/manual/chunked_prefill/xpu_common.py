@@ -4,6 +4,7 @@ scripts use to wait for a request's resources to come back."""
 
 from __future__ import annotations
 
+import atexit
 import math
 import os
 import sys
@@ -13,6 +14,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "standin"))
 import cpu_standin  # noqa: E402  (test/standin: the CPU stand-in for an Intel GPU)
+from sglang.test.scripted_runtime.http_server import ScriptedHttpServer  # noqa: E402
+from sglang.test.scripted_runtime.test_case import ScriptedTestCase  # noqa: E402
 
 # Not registered for CI on purpose (upstream convention for test/manual): this suite
 # needs an Intel GPU and model weights. See README.md for how to run it.
@@ -105,6 +108,56 @@ def xpu_engine_kwargs(**overrides: Any) -> dict[str, Any]:
     )
     kwargs.update(overrides)
     return kwargs
+
+
+# The servers SharedServerTestCase classes share, by their ENGINE_KWARGS.
+_SHARED: dict[str, ScriptedHttpServer] = {}
+
+
+class SharedServerTestCase(ScriptedTestCase):
+    """A ScriptedTestCase whose server the classes of the same ENGINE_KWARGS that
+    run one after another share: one start (a minute of CPU on the stand-in, a
+    model load on a GPU) instead of one per class. Each script flushes the cache
+    or measures its own baseline first, so no test depends on which class ran
+    before it. stop_shared_servers() ends them (conftest.py, at the end of the
+    session) and raises what a server's shutdown reports, as a class's teardown
+    would."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        super(ScriptedTestCase, cls).setUpClass()  # CustomTestCase's, not a start
+        if not cls.ENGINE_KWARGS:
+            raise AssertionError(f"{cls.__name__} must set ENGINE_KWARGS")
+        key = repr(sorted(cls.ENGINE_KWARGS.items()))
+        if key not in _SHARED:
+            # One server at a time, as one class at a time had: two would not
+            # fit on one GPU at mem_fraction_static 0.7.
+            stop_shared_servers()
+            _SHARED[key] = ScriptedHttpServer.start(**cls.ENGINE_KWARGS)
+        cls.server = _SHARED[key]
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        # The server stays up for the next class of the same kwargs.
+        super(ScriptedTestCase, cls).tearDownClass()
+
+
+def stop_shared_servers() -> None:
+    """Shut every shared server down; then raise the first error one reported
+    (a fatal error in the server after the last script that used it)."""
+    errors: list[BaseException] = []
+    while _SHARED:
+        _, server = _SHARED.popitem()
+        try:
+            server.shutdown()
+        except Exception as exc:  # noqa: BLE001 - the others still stop first
+            errors.append(exc)
+    if errors:
+        raise errors[0]
+
+
+# Run without pytest (python -m unittest): the servers still stop at exit.
+atexit.register(stop_shared_servers)
 
 
 def expected_chunks(prompt_len: int, chunk: int) -> int:
