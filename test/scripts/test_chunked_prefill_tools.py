@@ -4,9 +4,11 @@ device-free helpers (hand-computed values; no GPU, no server)."""
 from __future__ import annotations
 
 import doctest
+import io
 import json
 import math
 import sys
+import unittest
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -137,3 +139,69 @@ def test_missing_model_is_named(tmp_path: Path, monkeypatch) -> None:
     (tmp_path / "m").mkdir()
     (tmp_path / "m" / "config.json").write_text("{}")
     assert xpu_common.model_missing(str(tmp_path / "m")) is None
+
+
+class _FakeServer:
+    """Where a ScriptedHttpServer process would be: records its shutdown."""
+
+    def __init__(self, kwargs: dict, log: list, error: str | None = None) -> None:
+        self.kwargs, self.log, self.error = kwargs, log, error
+        log.append(("start", kwargs["name"]))
+
+    def shutdown(self) -> None:
+        self.log.append(("stop", self.kwargs["name"]))
+        if self.error:
+            raise AssertionError(self.error)
+
+
+def _run_classes(*classes: type) -> unittest.TestResult:
+    suite = unittest.TestSuite(
+        unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in classes
+    )
+    return unittest.TextTestRunner(stream=io.StringIO()).run(suite)
+
+
+def _case(name: str, kwargs: dict, seen: list) -> type:
+    def test_server(self) -> None:
+        seen.append((name, id(self.server)))
+
+    return type(name, (xpu_common.SharedServerTestCase,),
+                {"ENGINE_KWARGS": kwargs, "test_server": test_server})  # fmt: skip
+
+
+def test_classes_of_the_same_kwargs_share_one_server_one_at_a_time(
+    monkeypatch,
+) -> None:
+    log: list = []
+    seen: list = []
+    monkeypatch.setattr(xpu_common, "_SHARED", {})
+    monkeypatch.setattr(
+        xpu_common.ScriptedHttpServer, "start", lambda **kw: _FakeServer(kw, log)
+    )
+    a, b = {"name": "a", "chunk": 256}, {"name": "b", "chunk": 256}
+    result = _run_classes(
+        _case("One", dict(a), seen),
+        _case("Two", dict(a), seen),
+        _case("Three", b, seen),
+    )
+    assert result.wasSuccessful(), result.errors + result.failures
+    # One and Two got the same server; Three's start stopped it first.
+    assert seen[0][1] == seen[1][1] != seen[2][1]
+    assert log == [("start", "a"), ("stop", "a"), ("start", "b")]
+    xpu_common.stop_shared_servers()
+    assert log[-1] == ("stop", "b") and xpu_common._SHARED == {}
+
+
+def test_a_shutdown_error_is_raised_after_every_server_stopped(monkeypatch) -> None:
+    log: list = []
+    monkeypatch.setattr(xpu_common, "_SHARED", {
+        "x": _FakeServer({"name": "x"}, log, error="scheduler crashed"),
+        "y": _FakeServer({"name": "y"}, log),
+    })  # fmt: skip
+    with pytest.raises(AssertionError, match="scheduler crashed"):
+        xpu_common.stop_shared_servers()
+    assert {entry for entry in log if entry[0] == "stop"} == {
+        ("stop", "x"),
+        ("stop", "y"),
+    }
+    assert xpu_common._SHARED == {}
