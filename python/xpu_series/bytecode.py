@@ -15,6 +15,7 @@ edit) is compiled from its own text, whatever its mtime and size say.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -161,14 +162,23 @@ def _prime(git: Git, cache: Path, workers: int) -> Primed:
             cached.parent.mkdir(exist_ok=True)
             todo.append((str(source), str(cached)))
         places.append((cached, Path(importlib.util.cache_from_source(str(source)))))
-    _compile_all(todo, workers)
+    mine: list[tuple[str, str]] = []
+    if todo:
+        # One compiler per cache at a time: the matrix's two lanes (and verify
+        # beside it) reach a new release together and would compile it twice.
+        # The second finds the first's .pyc once it has the lock.
+        with (folder / ".lock").open("w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            mine = [job for job in todo if not Path(job[1]).is_file()]
+            _compile_all(mine, workers)
     linked = 0
     for cached, dest in places:
         if cached.is_file():
             linked += _place(cached, dest)
         else:
             skipped += 1  # did not compile (Python 2 syntax, say): left alone
-    return Primed(len(rows), linked, sum(Path(c).is_file() for _, c in todo), skipped)
+    compiled = sum(Path(target).is_file() for _, target in mine)
+    return Primed(len(rows), linked, compiled, skipped)
 
 
 def _compile(jobs: list[tuple[str, str]]) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from conftest import Project, git
@@ -145,3 +146,13 @@ def test_apply_primes_the_tree_it_builds(three_patches: Project) -> None:
     assert done.stdout == "42\n"
     assert f"code object from '{compiled}'" in done.stderr
     assert git(three_patches.tree, "status", "--porcelain") == ""
+
+
+def test_two_lanes_priming_one_new_release_compile_it_once(tmp_path: Path) -> None:
+    files = {f"python/pkg/m{i}.py": f"X = {i}\n" for i in range(100)}
+    trees = [make_tree(tmp_path / name, {**MODULES, **files}) for name in "ab"]
+    cache = tmp_path / "cache"
+    with ThreadPoolExecutor(2) as pool:
+        primed = list(pool.map(lambda tree: bytecode.prime(tree, cache), trees))
+    assert sorted(p.compiled for p in primed) == [0, 102]
+    assert [p.linked for p in primed] == [102, 102]
