@@ -29,6 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = ROOT / ".venv" / "bin" / "python"
 TOOL = ROOT / ".venv" / "bin" / "xpu-series"
+CACHE = Path(os.environ.get("XPU_SERIES_CACHE", ROOT / "build" / "cache"))
+sys.path.insert(0, str(ROOT / "python"))
+
+from xpu_series.bytecode import prime_folder  # noqa: E402
 
 
 class Failed(Exception):
@@ -66,7 +70,6 @@ def served_releases() -> list[str]:
 
 def carried_tests() -> list[str]:
     """Every test the carried patches name in their `Tests:` lines."""
-    sys.path.insert(0, str(ROOT / "python"))
     from xpu_series.project import Project
 
     tests: list[str] = []
@@ -119,6 +122,9 @@ def check_release(release: str, wheel: Path, work: Path, tests: list[str]) -> st
         raise Failed(f"{release}: overlay --status does not show an intact overlay")
     done = [f"{len(status['files'])} files, version {status['version']}"]
     if tests:
+        # pip installed without compiling (most releases run no test here); the
+        # pin's files are the primed build/sglang's, so their .pyc are cached.
+        prime_folder(site / "sglang", CACHE)
         env = dict(os.environ, PYTHONPATH=str(site))
         where = run([str(PY), "-c", "import sglang; print(sglang.__file__)"], env=env)
         if not where.stdout.strip().startswith(str(site)):

@@ -4,6 +4,7 @@ file content, and never standing in for a text it was not compiled from."""
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -156,3 +157,20 @@ def test_two_lanes_priming_one_new_release_compile_it_once(tmp_path: Path) -> No
         primed = list(pool.map(lambda tree: bytecode.prime(tree, cache), trees))
     assert sorted(p.compiled for p in primed) == [0, 102]
     assert [p.linked for p in primed] == [102, 102]
+
+
+def test_an_installed_copy_of_a_primed_tree_gets_its_pyc(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    tree = make_tree(tmp_path / "tree")
+    bytecode.prime(tree, cache)
+    installed = tmp_path / "installed"
+    site = installed / "python"  # where run_import looks
+    shutil.copytree(tree.repo / "python", site, ignore=shutil.ignore_patterns("__py*"))
+    (site / "pkg" / "extra.py").write_text("Y = 1\n")  # in no tree: not cached
+    primed = bytecode.prime_folder(site, cache)
+    # old.py never compiled, extra.py was never in a tree: both skipped.
+    assert (primed.modules, primed.linked, primed.skipped) == (4, 2, 2)
+    rel = "pkg/mod.py"
+    assert os.path.samefile(pyc(site, rel), pyc(tree.repo, f"python/{rel}"))
+    done = run_import(installed)
+    assert f"code object from '{pyc(site, rel)}'" in done.stderr
