@@ -154,6 +154,18 @@ class _FakeServer:
             raise AssertionError(self.error)
 
 
+class _Scripted(unittest.TestCase):
+    """Where sglang's ScriptedTestCase would be: it starts a server per class."""
+
+    @classmethod
+    def setUpClass(cls) -> None:
+        raise AssertionError("a server of its own for every class")
+
+    @classmethod
+    def tearDownClass(cls) -> None:
+        raise AssertionError("a shutdown for every class")
+
+
 def _run_classes(*classes: type) -> unittest.TestResult:
     suite = unittest.TestSuite(
         unittest.defaultTestLoader.loadTestsFromTestCase(c) for c in classes
@@ -161,12 +173,11 @@ def _run_classes(*classes: type) -> unittest.TestResult:
     return unittest.TextTestRunner(stream=io.StringIO()).run(suite)
 
 
-def _case(name: str, kwargs: dict, seen: list) -> type:
+def _case(name: str, kwargs: dict, seen: list, shared: type) -> type:
     def test_server(self) -> None:
         seen.append((name, id(self.server)))
 
-    return type(name, (xpu_common.SharedServerTestCase,),
-                {"ENGINE_KWARGS": kwargs, "test_server": test_server})  # fmt: skip
+    return type(name, (shared,), {"ENGINE_KWARGS": kwargs, "test_server": test_server})
 
 
 def test_classes_of_the_same_kwargs_share_one_server_one_at_a_time(
@@ -175,14 +186,12 @@ def test_classes_of_the_same_kwargs_share_one_server_one_at_a_time(
     log: list = []
     seen: list = []
     monkeypatch.setattr(xpu_common, "_SHARED", {})
-    monkeypatch.setattr(
-        xpu_common.ScriptedHttpServer, "start", lambda **kw: _FakeServer(kw, log)
-    )
+    shared = xpu_common.shared_server_case(_Scripted, lambda **kw: _FakeServer(kw, log))
     a, b = {"name": "a", "chunk": 256}, {"name": "b", "chunk": 256}
     result = _run_classes(
-        _case("One", dict(a), seen),
-        _case("Two", dict(a), seen),
-        _case("Three", b, seen),
+        _case("One", dict(a), seen, shared),
+        _case("Two", dict(a), seen, shared),
+        _case("Three", b, seen, shared),
     )
     assert result.wasSuccessful(), result.errors + result.failures
     # One and Two got the same server; Three's start stopped it first.

@@ -8,14 +8,12 @@ import atexit
 import math
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "standin"))
 import cpu_standin  # noqa: E402  (test/standin: the CPU stand-in for an Intel GPU)
-from sglang.test.scripted_runtime.http_server import ScriptedHttpServer  # noqa: E402
-from sglang.test.scripted_runtime.test_case import ScriptedTestCase  # noqa: E402
 
 # Not registered for CI on purpose (upstream convention for test/manual): this suite
 # needs an Intel GPU and model weights. See README.md for how to run it.
@@ -111,35 +109,51 @@ def xpu_engine_kwargs(**overrides: Any) -> dict[str, Any]:
 
 
 # The servers SharedServerTestCase classes share, by their ENGINE_KWARGS.
-_SHARED: dict[str, ScriptedHttpServer] = {}
+_SHARED: dict[str, Any] = {}
 
 
-class SharedServerTestCase(ScriptedTestCase):
-    """A ScriptedTestCase whose server the classes of the same ENGINE_KWARGS that
-    run one after another share: one start (a minute of CPU on the stand-in, a
-    model load on a GPU) instead of one per class. Each script flushes the cache
-    or measures its own baseline first, so no test depends on which class ran
-    before it. stop_shared_servers() ends them (conftest.py, at the end of the
-    session) and raises what a server's shutdown reports, as a class's teardown
-    would."""
+def shared_server_case(base: type, start: Callable[..., Any]) -> type:
+    """`base` (sglang's ScriptedTestCase) with a server shared by the classes of
+    the same ENGINE_KWARGS that run one after another, started by `start`: one
+    start (a minute of CPU on the stand-in, a model load on a GPU) instead of one
+    per class. Each script flushes the cache or measures its own baseline first,
+    so no test depends on which class ran before it. stop_shared_servers() ends
+    them (conftest.py, at the end of the session) and raises what a server's
+    shutdown reports, as a class's teardown would."""
 
-    @classmethod
-    def setUpClass(cls) -> None:
-        super(ScriptedTestCase, cls).setUpClass()  # CustomTestCase's, not a start
-        if not cls.ENGINE_KWARGS:
-            raise AssertionError(f"{cls.__name__} must set ENGINE_KWARGS")
-        key = repr(sorted(cls.ENGINE_KWARGS.items()))
-        if key not in _SHARED:
-            # One server at a time, as one class at a time had: two would not
-            # fit on one GPU at mem_fraction_static 0.7.
-            stop_shared_servers()
-            _SHARED[key] = ScriptedHttpServer.start(**cls.ENGINE_KWARGS)
-        cls.server = _SHARED[key]
+    class SharedServerTestCase(base):
+        @classmethod
+        def setUpClass(cls) -> None:
+            super(base, cls).setUpClass()  # what is above base's: not a start
+            if not cls.ENGINE_KWARGS:
+                raise AssertionError(f"{cls.__name__} must set ENGINE_KWARGS")
+            key = repr(sorted(cls.ENGINE_KWARGS.items()))
+            if key not in _SHARED:
+                # One server at a time, as one class at a time had: two would not
+                # fit on one GPU at mem_fraction_static 0.7.
+                stop_shared_servers()
+                _SHARED[key] = start(**cls.ENGINE_KWARGS)
+            cls.server = _SHARED[key]
 
-    @classmethod
-    def tearDownClass(cls) -> None:
-        # The server stays up for the next class of the same kwargs.
-        super(ScriptedTestCase, cls).tearDownClass()
+        @classmethod
+        def tearDownClass(cls) -> None:
+            # The server stays up for the next class of the same kwargs.
+            super(base, cls).tearDownClass()
+
+    return SharedServerTestCase
+
+
+def __getattr__(name: str) -> Any:
+    """SharedServerTestCase on first use: importing sglang's scripted runtime
+    takes 17 s of CPU, which the suite's device-free helpers do not need."""
+    if name != "SharedServerTestCase":
+        raise AttributeError(name)
+    from sglang.test.scripted_runtime.http_server import ScriptedHttpServer
+    from sglang.test.scripted_runtime.test_case import ScriptedTestCase
+
+    case = shared_server_case(ScriptedTestCase, ScriptedHttpServer.start)
+    globals()[name] = case
+    return case
 
 
 def stop_shared_servers() -> None:
