@@ -18,7 +18,10 @@ from sglang.test.test_utils import CustomTestCase
 register_cpu_ci(est_time=15, suite="base-a-test-cpu")
 
 EXITS_ON_ITS_OWN_AFTER_S = 30
-STOPPED, WAITED_OUT = 0, 7
+# A server whose scheduler finishes promptly after Shutdown: well inside the
+# harness's grace (SHUTDOWN_GRACE_S, 5 s), even on a loaded machine.
+FINISHES_AFTER_S = 1.0
+STOPPED, WAITED_OUT, FINISHED = 0, 7, 3
 
 
 def _http_server_that_keeps_serving() -> None:
@@ -29,8 +32,16 @@ def _http_server_that_keeps_serving() -> None:
     os._exit(WAITED_OUT)
 
 
+def _server_that_finishes_soon() -> None:
+    """A server process that exits by itself shortly after Shutdown (its
+    scheduler's loop returned), unless it is stopped first."""
+    signal.signal(signal.SIGTERM, lambda *_: os._exit(STOPPED))
+    time.sleep(FINISHES_AFTER_S)
+    os._exit(FINISHED)
+
+
 class TestShutdownStopsTheServer(CustomTestCase):
-    def test_shutdown_stops_a_server_whose_http_side_keeps_running(self):
+    def _harness(self, target) -> tuple[http_server.ScriptedHttpServer, object, Path]:
         ctx = zmq.Context()
         self.addCleanup(ctx.destroy, linger=0)
         socket = ctx.socket(zmq.PAIR)
@@ -43,7 +54,8 @@ class TestShutdownStopsTheServer(CustomTestCase):
         self.addCleanup(scheduler_ctx.destroy, linger=0)
         scheduler = scheduler_ctx.socket(zmq.PAIR)
         scheduler.connect(socket.getsockopt(zmq.LAST_ENDPOINT).decode())
-        process = mp.get_context("fork").Process(target=_http_server_that_keeps_serving)
+        self.addCleanup(scheduler.close, linger=0)  # and alive until then
+        process = mp.get_context("fork").Process(target=target)
         process.start()
         self.addCleanup(process.kill)
         fd, oob = tempfile.mkstemp(suffix=".json")
@@ -55,6 +67,10 @@ class TestShutdownStopsTheServer(CustomTestCase):
             out_of_band_error_path=Path(oob),
             http_port=1,
         )
+        return server, process, Path(oob)
+
+    def test_shutdown_stops_a_server_whose_http_side_keeps_running(self):
+        server, process, oob = self._harness(_http_server_that_keeps_serving)
         # Longer than the stand-in lives: a harness that only waits for the
         # process to exit sees it exit on its own, not stopped.
         with mock.patch.object(
@@ -63,7 +79,15 @@ class TestShutdownStopsTheServer(CustomTestCase):
             server.shutdown()
         self.assertFalse(process.is_alive())
         self.assertEqual(process.exitcode, STOPPED)
-        self.assertFalse(Path(oob).exists())
+        self.assertFalse(oob.exists())
+
+    def test_shutdown_lets_a_finishing_server_exit_on_its_own_first(self):
+        # Stopped at once, the scheduler would lose the moment it needs to
+        # return from its loop (and write what it writes on the way out).
+        server, process, _ = self._harness(_server_that_finishes_soon)
+        server.shutdown()
+        self.assertFalse(process.is_alive())
+        self.assertEqual(process.exitcode, FINISHED)
 
 
 if __name__ == "__main__":
