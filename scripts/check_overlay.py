@@ -29,10 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = ROOT / ".venv" / "bin" / "python"
 TOOL = ROOT / ".venv" / "bin" / "xpu-series"
-CACHE = Path(os.environ.get("XPU_SERIES_CACHE", ROOT / "build" / "cache"))
 sys.path.insert(0, str(ROOT / "python"))
 
 from xpu_series.bytecode import prime_folder  # noqa: E402
+from xpu_series.project import Project  # noqa: E402
 
 
 class Failed(Exception):
@@ -70,8 +70,6 @@ def served_releases() -> list[str]:
 
 def carried_tests() -> list[str]:
     """Every test the carried patches name in their `Tests:` lines."""
-    from xpu_series.project import Project
-
     tests: list[str] = []
     for patch in Project(ROOT).series().patches:
         tests += [t for t in patch.header.tests if t not in tests]
@@ -124,7 +122,7 @@ def check_release(release: str, wheel: Path, work: Path, tests: list[str]) -> st
     if tests:
         # pip installed without compiling (most releases run no test here); the
         # pin's files are the primed build/sglang's, so their .pyc are cached.
-        prime_folder(site / "sglang", CACHE)
+        prime_folder(site / "sglang", Project(ROOT).cache_dir)
         env = dict(os.environ, PYTHONPATH=str(site))
         where = run([str(PY), "-c", "import sglang; print(sglang.__file__)"], env=env)
         if not where.stdout.strip().startswith(str(site)):

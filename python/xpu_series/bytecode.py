@@ -52,6 +52,11 @@ def cache_folder(cache: Path) -> Path:
     return cache / "bytecode" / f"{tag}-{importlib.util.MAGIC_NUMBER.hex()}"
 
 
+def _cached(folder: Path, blob: str) -> Path:
+    """The cache's .pyc of the file whose git blob id is `blob`."""
+    return folder / blob[:2] / f"{blob}.pyc"
+
+
 def _blob_id(data: bytes, length: int) -> str:
     """git's object id of a file with `data` (sha1, or sha256 for 64 digits)."""
     digest = hashlib.sha1 if length == 40 else hashlib.sha256
@@ -147,7 +152,7 @@ def _prime(git: Git, cache: Path, workers: int) -> Primed:
     skipped = 0
     for blob, rel in rows:
         source = git.repo / rel
-        cached = folder / blob[:2] / f"{blob}.pyc"
+        cached = _cached(folder, blob)
         if not cached.is_file():
             try:
                 data = source.read_bytes()
@@ -191,7 +196,7 @@ def prime_folder(folder: Path, cache: Path) -> Primed:
         for source in sorted(folder.rglob("*.py")):
             modules += 1
             blob = _blob_id(source.read_bytes(), 40)
-            cached = cached_folder / blob[:2] / f"{blob}.pyc"
+            cached = _cached(cached_folder, blob)
             if not cached.is_file():
                 skipped += 1
                 continue

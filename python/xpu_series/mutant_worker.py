@@ -198,12 +198,12 @@ def main(argv: list[str]) -> int:
     tests = [f"{root}/{test}" for test in spec["tests"]]
     import pytest
 
-    # The preload writes the bytecode of what it imports beside the source (the
-    # tree's git excludes __pycache__), so each fork reads sglang's instead of
-    # compiling it again; no pycache_prefix, which would hide the installed
-    # packages' own .pyc. Forks write none, and a mutant's file has an mtime no
-    # .pyc carries (see below). The tree changes only by checkouts, each at
-    # least a whole run after the last, so a .pyc never matches another text.
+    # verify primed the worktree with checked-hash .pyc (bytecode.prime), which a
+    # mutant's text never matches; the preload writes the bytecode of anything
+    # else it imports beside the source (the tree's git excludes __pycache__), so
+    # forks read sglang's instead of compiling it again. No pycache_prefix, which
+    # would hide the installed packages' own .pyc. Forks write none, and a
+    # mutant's file also gets an mtime no timestamp .pyc carries (see below).
     sys.dont_write_bytecode = False
     # Import once what every run needs (torch, transformers, sglang, the tests).
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
