@@ -1,15 +1,18 @@
-"""Runs test runs on one worktree in one interpreter: torch, transformers and the
-rest are imported once, then each run is a fork that imports sglang and the test
-modules afresh from whatever commit the worktree has checked out by then.
+"""Runs test runs in one interpreter: torch, transformers and the rest are
+imported once, then each run is a fork that imports sglang and the test modules
+afresh from whatever commit its worktree has checked out by then.
 
-    python -m xpu_series.prefix_worker ROOT TESTS.json
+    python -m xpu_series.prefix_worker ROOT TESTS.json [PYTHON]
 
 TESTS.json lists every test the runs may name (they are collected once, to
-import what they need). Then, one JSON line per run on stdin:
-{"tests": [...], "outcomes": PATH, "log": PATH}; the worker answers each with a
-line {"code": N, "seconds": S} on stdout once pytest in the fork has written
-PATH (the outcome plugin) and its output to the log. The caller checks the
-commit out before sending the run, and waits for the answer before the next.
+import what they need); PYTHON is the python/ folder of the worktree the worker
+starts on (first on sys.path). Then, one JSON line per run on stdin:
+{"tests": [...], "outcomes": PATH, "log": PATH, "python": FOLDER}; the fork
+imports sglang from FOLDER (any worktree, of any release: what the parent keeps
+loaded is third-party), and the worker answers each run with a line
+{"code": N, "seconds": S} on stdout once pytest in the fork has written PATH
+(the outcome plugin) and its output to the log. The caller checks the commit
+out before sending the run, and waits for the answer before the next.
 """
 
 from __future__ import annotations
@@ -38,12 +41,18 @@ def _forget(root: Path) -> None:
             del sys.modules[name]
 
 
-def _child(root: Path, run: dict) -> None:
+def _child(root: Path, run: dict, started_on: str | None) -> None:
     import importlib
 
     import pytest
 
     _forget(root)
+    folder = run.get("python")
+    if folder:
+        # This run's tree in front, the one the worker started on gone: an
+        # import sglang forgot must not find the other release's file.
+        gone = {os.path.abspath(p) for p in (folder, started_on) if p}
+        sys.path[:] = [folder] + [p for p in sys.path if os.path.abspath(p) not in gone]
     importlib.invalidate_caches()  # a checkout can add files a finder cached
     sys.dont_write_bytecode = True
     os.environ["XPU_SERIES_OUTCOMES"] = run["outcomes"]
@@ -61,6 +70,7 @@ def _child(root: Path, run: dict) -> None:
 def main(argv: list[str]) -> int:
     root = Path(argv[0])
     every = json.loads(Path(argv[1]).read_text())
+    started_on = argv[2] if len(argv) > 2 else None
     os.chdir(root)
     import pytest
 
@@ -86,7 +96,7 @@ def main(argv: list[str]) -> int:
         pid = os.fork()
         if pid == 0:
             try:
-                _child(root, run)
+                _child(root, run, started_on)
             finally:
                 os._exit(70)
         _, status = os.waitpid(pid, 0)

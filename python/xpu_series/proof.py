@@ -1,6 +1,7 @@
 """Running a patch's tests on prefixes of the series: the machinery `verify` and the
-behavioural `matrix` share (prefix commits in worktrees, one pytest process per
-prefix, the outcome plugin, and a cache of outcomes keyed by tree and tests)."""
+behavioural `matrix` share (prefix commits in worktrees, a worker interpreter per
+lane and a fork per run, the outcome plugin, and a cache of outcomes keyed by tree
+and tests)."""
 
 from __future__ import annotations
 
@@ -117,8 +118,10 @@ def run_pytest(
 
 
 class _Worker:
-    """A `prefix_worker` interpreter on one worktree (heavy imports once, a fork
-    per run); `ask` runs tests on whatever the worktree has checked out."""
+    """A `prefix_worker` interpreter (heavy imports once, a fork per run); `ask`
+    runs tests on whatever a worktree has checked out. It starts on `worktree`,
+    and a run may name another one, of another repository (the matrix's
+    releases): the fork imports sglang from there."""
 
     def __init__(self, project: Project, worktree: Path, every: list[str]) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="xpu-verify-"))
@@ -134,20 +137,25 @@ class _Worker:
         }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "xpu_series.prefix_worker", str(project.root),
-             str(self.tmp / "tests.json")],
+             str(self.tmp / "tests.json"), str(worktree / "python")],
             cwd=project.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self.stderr, text=True,
         )  # fmt: skip
         self.runs = 0
         self.dead = False
 
-    def ask(self, tests: list[str]) -> tuple[dict[str, str], str]:
-        """Outcome per node id and the tail of pytest's output, as run_pytest."""
+    def ask(self, worktree: Path, tests: list[str]) -> tuple[dict[str, str], str]:
+        """Outcome per node id and the tail of pytest's output, as run_pytest,
+        with sglang imported from `worktree`."""
         self.runs += 1
         outcomes_path = self.tmp / f"outcomes-{self.runs}.json"
         log_path = self.tmp / f"run-{self.runs}.log"
-        request = {"tests": tests, "outcomes": str(outcomes_path),
-                   "log": str(log_path)}  # fmt: skip
+        request = {
+            "tests": tests,
+            "outcomes": str(outcomes_path),
+            "log": str(log_path),
+            "python": str(worktree / "python"),
+        }
         assert self.proc.stdin is not None and self.proc.stdout is not None
         try:
             self.proc.stdin.write(json.dumps(request) + "\n")
@@ -238,10 +246,14 @@ def load_outcomes(cache: Path, key: str) -> dict[str, str] | None:
 
 @dataclass
 class Run:
-    """What one prefix owes: its commit and the tests to run there."""
+    """What one prefix owes: its commit and the tests to run there. `repo` and
+    `root`: the repository of the commit and the folder of its worktrees, where
+    they are not the runner's own (the matrix runs every release in one pool)."""
 
     commit: str
     tests: list[str]
+    repo: Git | None = None
+    root: Path | None = None
 
 
 class PrefixRunner:
@@ -324,12 +336,19 @@ class PrefixRunner:
                 f"[{done[0]}/{total} runs, {time.monotonic() - start:.0f}s elapsed]"
             )
 
-    def run(self, work: dict[str, Run]) -> dict[str, dict[str, str]]:
-        """Outcomes per label of `work` (label -> commit and tests)."""
+    def run(
+        self,
+        work: dict[str, Run],
+        finished: Callable[[str], None] | None = None,
+    ) -> dict[str, dict[str, str]]:
+        """Outcomes per label of `work` (label -> commit and tests), in the order
+        given; `finished` hears each label as its outcomes are in (a cached one
+        at once), one at a time."""
         results: dict[str, dict[str, str]] = {}
         todo: dict[str, tuple[Run, str, str]] = {}
         for label, run in work.items():
-            tree_id = self.git.out("rev-parse", f"{run.commit}^{{tree}}")
+            repo = run.repo or self.git
+            tree_id = repo.out("rev-parse", f"{run.commit}^{{tree}}")
             key = outcome_key(self.project, tree_id, run.tests)
             hit = None
             if not self.fresh:
@@ -338,18 +357,29 @@ class PrefixRunner:
                 results[label] = hit
                 self.cached.add(label)
                 self.logs[label] = "(outcomes from the cache)"
+                if finished is not None:
+                    finished(label)
             else:
                 todo[label] = (run, key, tree_id)
         if not todo:
             return results
-        pool = Worktrees(self.git, self.root, min(self.jobs, len(todo)))
+        lanes = min(self.jobs, len(todo))
+        # A pool of worktrees per repository, made before the lanes start (one
+        # `git worktree add` at a time); a lane holds one worktree at a time, so
+        # a pool as large as the lanes never runs dry.
+        pools: dict[Path, Worktrees] = {}
+        for run, _key, _tree in todo.values():
+            repo = run.repo or self.git
+            if repo.repo not in pools:
+                pools[repo.repo] = Worktrees(repo, run.root or self.root, lanes)
         lock = threading.Lock()
         start, done = time.monotonic(), [0]
         waiting = list(todo)
         every = sorted({t for run, _key, _tree in todo.values() for t in run.tests})
 
-        def lane(worktree: Path) -> None:
-            """One worktree, one worker interpreter, the runs still waiting."""
+        def lane() -> None:
+            """One worker interpreter, the runs still waiting, each in a worktree
+            of its repository."""
             worker: _Worker | None = None
             try:
                 while True:
@@ -358,22 +388,31 @@ class PrefixRunner:
                             return
                         label = waiting.pop(0)
                     run, key, tree_id = todo[label]
-                    began = time.monotonic()
-                    Git(worktree).run("checkout", "-q", "-f", "--detach", run.commit)
-                    prime(Git(worktree), self.project.cache_dir)
-                    if worker is None:
-                        worker = _Worker(self.project, worktree, every)
-                    outcomes, log = worker.ask(run.tests)
+                    pool = pools[(run.repo or self.git).repo]
+                    worktree = pool.take()
+                    try:
+                        began = time.monotonic()
+                        tree = Git(worktree)
+                        tree.run("checkout", "-q", "-f", "--detach", run.commit)
+                        prime(tree, self.project.cache_dir)
+                        if worker is None:
+                            worker = _Worker(self.project, worktree, every)
+                        outcomes, log = worker.ask(worktree, run.tests)
+                    finally:
+                        pool.give(worktree)
                     if worker.dead:
                         worker = None  # the next run starts another
                     results[label], self.logs[label] = outcomes, log
                     self._store(key, tree_id, run.tests, outcomes, log)
                     self._tell(lock, label, outcomes, began, start, done, len(todo))
+                    if finished is not None:
+                        with lock:
+                            finished(label)
             finally:
                 if worker is not None:
                     worker.close()
 
-        with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
-            for future in [executor.submit(lane, path) for path in list(pool.free)]:
+        with ThreadPoolExecutor(max_workers=lanes) as executor:
+            for future in [executor.submit(lane) for _ in range(lanes)]:
                 future.result()
         return results

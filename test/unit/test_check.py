@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import re
+import shutil
+from pathlib import Path
 
 from conftest import Project, git
 
@@ -129,9 +131,10 @@ def test_metadata_is_checked_against_reality(three_patches: Project) -> None:
     assert "'Soon' is not one of" in three_patches.run("check").err
 
 
-def test_behavioural_matrix_says_which_release_still_needs_each_patch(
-    project: Project, tmp_path
-) -> None:
+def _three_patches_and_a_newer_release(project: Project, tmp_path) -> Path:
+    """Three tested patches on the pin 0.0.1, and the wheel of 0.0.2, where
+    upstream has the first, the second still applies and is needed, and the
+    third applies but its test imports a module 0.0.2 no longer has."""
     from conftest import BASE_FILES, build_wheel, wheel_name
 
     tests = project.root / "test"
@@ -162,6 +165,17 @@ def test_behavioural_matrix_says_which_release_still_needs_each_patch(
     files["sglang/srt/long1.py"] = files.pop("sglang/srt/long.py")
     newer = tmp_path / wheel_name("0.0.2")
     build_wheel(newer, files, version="0.0.2")
+    return newer
+
+
+def _verdicts(result) -> dict[str, dict[str, str]]:  # noqa: ANN001
+    return {p["name"]: p["behaviour"] for p in json.loads(result.out)["patches"]}
+
+
+def test_behavioural_matrix_says_which_release_still_needs_each_patch(
+    project: Project, tmp_path
+) -> None:
+    newer = _three_patches_and_a_newer_release(project, tmp_path)
     result = project.run("matrix", "--wheel", str(newer), "--behaviour", "--json")
     assert result.code == 0, result.err
     # Progress: a line per test run (its release and commit) and per release.
@@ -187,6 +201,33 @@ def test_behavioural_matrix_says_which_release_still_needs_each_patch(
     assert "| 0001-raise-value | applied / needed | absorbed / upstream-has-it |" in (
         markdown.out
     )
+
+
+def test_one_worker_runs_every_release_from_its_own_tree(
+    project: Project, tmp_path
+) -> None:
+    # One lane: the same worker interpreter runs both releases' tests, each
+    # fork importing sglang from its own release's worktree. A fork that kept
+    # the first release's sglang would call 0001 needed on 0.0.2 as well.
+    newer = _three_patches_and_a_newer_release(project, tmp_path)
+    args = ("matrix", "--wheel", str(newer), "--behaviour", "--json")
+    one = project.run(*args, "--jobs", "1")
+    assert one.code == 0, one.err
+    assert _verdicts(one)["0001-raise-value.patch"] == {
+        "0.0.1": "needed", "0.0.2": "upstream-has-it",
+    }  # fmt: skip
+    assert _verdicts(one)["0002-fix-the-answer.patch"]["0.0.2"] == "needed"
+    assert _verdicts(one)["0003-raise-the-limit.patch"]["0.0.2"] == (
+        "tests-need-porting"
+    )
+    # Each release says when its runs are in, and none came from a cache.
+    assert re.search(
+        r"^matrix 0\.0\.2: \d test runs \(0 from the cache\) done", one.err, re.M
+    )
+    # Two lanes (runs in either order, from a fresh cache) measure the same.
+    shutil.rmtree(project.root / "build" / "cache" / "outcomes")
+    two = project.run(*args, "--jobs", "2")
+    assert _verdicts(two) == _verdicts(one)
 
 
 def test_matrix_asks_the_index_for_newer_releases(

@@ -222,19 +222,24 @@ def _best_effort_tree(
     return git, steps, base.commit
 
 
-def _measure(
-    project: Project,
-    matrix: Matrix,
-    version: str,
-    wheel: Path | None,
-    jobs: int,
-    say: Callable[[str], None] | None = None,
-) -> str:
-    """Fill in the behaviour column of `version` for every patch; says how many
-    test runs that took and how many the cache answered."""
+@dataclass
+class _Plan:
+    """One release's share of the behavioural runs: its tree, the commit before
+    and after each patch, and the tests each commit owes."""
+
+    version: str
+    git: Git
+    steps: list[tuple[str, str]]
+    before: list[str]
+    tests: list[tuple[str, ...]]
+    work: dict[str, list[str]]
+    began: float = 0.0
+
+
+def _plan(project: Project, version: str, wheel: Path | None) -> _Plan:
+    """The series on `version` as far as it goes, and the runs its patches owe."""
     git, steps, base = _best_effort_tree(project, version, wheel)
     series = project.series(version, every_retired=True).patches
-    rows = {row.name: row for row in matrix.rows_}
     # Fast-Tests where a patch names them: the real-server ones would start
     # servers twice per patch per release.
     tests = [tuple(p.header.fast_tests) for p in series]
@@ -250,33 +255,90 @@ def _measure(
         for commit in commits:
             wanted = work.setdefault(commit, [])
             wanted += [t for t in spec if t not in wanted]
-    root = project.build_dir / "matrix" / version
-    # The runner's labels here are commits: shortened, and the release named.
-    tell = (
-        None if say is None else (lambda s: say(f"matrix {version} {s[:12]}{s[40:]}"))
+    return _Plan(version, git, steps, before, tests, work)
+
+
+def _label(version: str, commit: str) -> str:
+    return f"{version} {commit}"
+
+
+def _measure(
+    project: Project,
+    matrix: Matrix,
+    plans: list[_Plan],
+    jobs: int,
+    say: Callable[[str], None] | None = None,
+) -> None:
+    """Fill in the behaviour columns of the planned releases for every patch.
+    Every release's runs go through one pool of worker interpreters (torch and
+    the rest imported once per lane, not once per lane per release), oldest
+    release first; a line per finished release says how many runs it took and
+    how many the cache answered."""
+    work: dict[str, Run] = {}
+    owner: dict[str, _Plan] = {}
+    for plan in plans:
+        root = project.build_dir / "matrix" / plan.version
+        for commit, tests in plan.work.items():
+            label = _label(plan.version, commit)
+            work[label] = Run(commit, tests, repo=plan.git, root=root)
+            owner[label] = plan
+    left = {plan.version: len(plan.work) for plan in plans}
+    start = time.monotonic()
+
+    def tell(line: str) -> None:
+        # "<version> <40-hex commit>: ..." -> "matrix <version> <12-hex>: ..."
+        version, _, rest = line.partition(" ")
+        if say is not None:
+            say(f"matrix {version} {rest[:12]}{rest[40:]}")
+
+    runner = PrefixRunner(
+        project, plans[0].git, project.build_dir / "matrix", jobs, say=tell
     )
-    runner = PrefixRunner(project, git, root, jobs, say=tell)
-    outcomes = runner.run({c: Run(c, t) for c, t in work.items()})
-    told = f", {len(work)} test runs ({len(runner.cached)} from the cache)"
-    for k, (patch, spec) in enumerate(zip(series, tests, strict=True)):
-        row = rows[patch.name]
-        status, after = steps[k]
-        if row.text.get(version, "-") == "-":
-            row.text[version] = status  # a retired patch: check leaves it out
-        without = count(outcomes.get(before[k], {}), spec)
-        applied = status in (PatchStatus.APPLIED, PatchStatus.MERGED)
-        with_patch = count(outcomes.get(after, {}), spec) if applied else None
-        verdict = classify(without, with_patch, status, bool(spec))
-        row.behaviour[version] = verdict
-        detail = f"without: {without}" + (f"; with: {with_patch}" if applied else "")
-        row.detail[version] = detail if spec else ""
-        if verdict == ERROR:
-            log = runner.logs.get(before[k], "").strip()[-1200:]
-            matrix.errors.append(
-                f"{version}: {patch.name}: the run without it produced no outcome "
-                f"for {', '.join(spec)}; pytest said:\n{log or '(nothing)'}"
+
+    def finished(label: str) -> None:
+        plan = owner[label]
+        left[plan.version] -= 1
+        if left[plan.version] or say is None:
+            return
+        labels = [_label(plan.version, c) for c in plan.work]
+        cached = sum(label in runner.cached for label in labels)
+        say(
+            f"matrix {plan.version}: {len(labels)} test runs ({cached} from the "
+            f"cache) done [{len(plans) - sum(map(bool, left.values()))}/"
+            f"{len(plans)} releases measured, {time.monotonic() - start:.0f}s "
+            "elapsed]"
+        )
+
+    outcomes = runner.run(work, finished)
+    rows = {row.name: row for row in matrix.rows_}
+    for plan in plans:
+        version = plan.version
+        series = project.series(version, every_retired=True).patches
+        mine = {
+            commit: outcomes.get(_label(version, commit), {}) for commit in plan.work
+        }
+        for k, (patch, spec) in enumerate(zip(series, plan.tests, strict=True)):
+            row = rows[patch.name]
+            status, after = plan.steps[k]
+            if row.text.get(version, "-") == "-":
+                row.text[version] = status  # a retired patch: check leaves it out
+            without = count(mine.get(plan.before[k], {}), spec)
+            applied = status in (PatchStatus.APPLIED, PatchStatus.MERGED)
+            with_patch = count(mine.get(after, {}), spec) if applied else None
+            verdict = classify(without, with_patch, status, bool(spec))
+            row.behaviour[version] = verdict
+            detail = f"without: {without}" + (
+                f"; with: {with_patch}" if applied else ""
             )
-    return told
+            row.detail[version] = detail if spec else ""
+            if verdict == ERROR:
+                label = _label(version, plan.before[k])
+                log = runner.logs.get(label, "").strip()[-1200:]
+                matrix.errors.append(
+                    f"{version}: {patch.name}: the run without it produced no "
+                    f"outcome for {', '.join(spec)}; pytest said:\n"
+                    f"{log or '(nothing)'}"
+                )
 
 
 def _conclude(project: Project, matrix: Matrix) -> None:
@@ -361,6 +423,7 @@ def run_matrix(
     names.sort(key=lambda n: int(n[:4]) if n[:4].isdigit() else 10**6)
     matrix.rows_ = [PatchRow(name) for name in names]
     start = time.monotonic()
+    plans: list[_Plan] = []
     for number, version in enumerate(wanted, start=1):
         began = time.monotonic()
         report = run_check(project, version, by_version.get(version), progress)
@@ -370,9 +433,8 @@ def run_matrix(
             row.text[version] = statuses.get(row.name, "-")
         runs = ""
         if behaviour and not report.problems:
-            runs = _measure(
-                project, matrix, version, by_version.get(version), jobs, say
-            )
+            plans.append(_plan(project, version, by_version.get(version)))
+            runs = f", {len(plans[-1].work)} test runs to make"
         if say is not None:
             applied = sum(p.status == PatchStatus.APPLIED for p in report.patches)
             say(
@@ -381,6 +443,8 @@ def run_matrix(
                 f"[{number}/{len(wanted)} releases, "
                 f"{time.monotonic() - start:.0f}s elapsed]"
             )
+    if plans:
+        _measure(project, matrix, plans, jobs, say)
     _conclude(project, matrix)
     return matrix
 
