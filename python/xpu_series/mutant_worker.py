@@ -95,9 +95,13 @@ TEST_SLACK_S = 3.0
 HUNG = 75  # the exit code of a child whose test was stopped
 
 
-def _clock_plugin(limits: dict[str, float] | None):  # noqa: ANN202
+def _clock_plugin(  # noqa: ANN202
+    limits: dict[str, float] | None, order: dict[str, float] | None = None
+):
     """A pytest plugin: times each test (the baseline run), or stops a test that
-    runs past its limit (a mutant's run) with SIGALRM."""
+    runs past its limit (a mutant's run) with SIGALRM. With `order` (seconds per
+    test, from the baseline), the quickest tests run first: under -x a mutant
+    is killed by the first test that fails, so it waits for fewer slow ones."""
     import pytest
 
     class Clock:
@@ -123,6 +127,12 @@ def _clock_plugin(limits: dict[str, float] | None):  # noqa: ANN202
                     signal.setitimer(signal.ITIMER_REAL, 0)
                 self.durations[item.nodeid] = time.monotonic() - start
 
+        @pytest.hookimpl(trylast=True)
+        def pytest_collection_modifyitems(self, items) -> None:  # noqa: ANN001
+            if order is not None:
+                # Stable: tests of equal (or unknown) time keep their order.
+                items.sort(key=lambda item: order.get(item.nodeid, 0.0))
+
     return Clock()
 
 
@@ -132,6 +142,7 @@ def _run_child(
     limits: dict[str, float] | None,
     timing: Path,
     module: str | None,
+    order: dict[str, float] | None,
 ) -> None:
     """In the forked child: fresh imports, quiet pytest, exit with its code."""
     import pytest
@@ -147,7 +158,7 @@ def _run_child(
     devnull = os.open(os.devnull, os.O_WRONLY)
     os.dup2(devnull, 1)
     os.dup2(devnull, 2)
-    clock = _clock_plugin(limits)
+    clock = _clock_plugin(limits, order)
     code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly",
                         "--rootdir", str(root), *tests], plugins=[clock])  # fmt: skip
     timing.write_text(json.dumps(clock.durations))
@@ -160,16 +171,17 @@ def _run(
     timeout: float,
     limits: dict[str, float] | None,
     module: str | None = None,
+    order: dict[str, float] | None = None,
 ) -> tuple[str, float, dict[str, float]]:
     """(outcome, seconds, each test's seconds) of one run in a fork; `module`:
-    forget only what holds it (see _purge)."""
+    forget only what holds it (see _purge); `order`: quickest tests first."""
     start = time.monotonic()
     timing = Path(os.environ["XPU_MUTANT_SCRATCH"]) / "timing.json"
     timing.unlink(missing_ok=True)
     pid = os.fork()
     if pid == 0:
         try:
-            _run_child(root, tests, limits, timing, module)
+            _run_child(root, tests, limits, timing, module, order)
         finally:
             os._exit(70)
     while True:
@@ -227,13 +239,15 @@ def main(argv: list[str]) -> int:
         timeout = max(spec["timeout"], seconds * 3 + 10)
         limits = {t: d * TEST_FACTOR + TEST_SLACK_S for t, d in durations.items()}
         # Per mutated file: do the tests pass unmutated when only that file and
-        # what holds it are imported afresh? Then its mutants run that way (much
-        # less to import per fork); if not, each re-imports all of sglang.
-        narrow: dict[str, str | None] = {}
+        # what holds it are imported afresh, quickest tests first? Then its
+        # mutants run that way (much less to import per fork, and a kill comes
+        # before the slow tests); if not, each re-imports all of sglang and runs
+        # the tests in their own order, as the baseline did.
+        narrow: dict[str, tuple[str | None, dict[str, float] | None]] = {}
         for rel in dict.fromkeys(m["path"] for m in spec["mutants"]):
             name = _module_name(python, python.parent / rel)
-            check, _, _ = _run(root, tests, BASELINE_LIMIT_S, None, name)
-            narrow[rel] = name if check == "survived" else None
+            check, _, _ = _run(root, tests, BASELINE_LIMIT_S, None, name, durations)
+            narrow[rel] = (name, durations) if check == "survived" else (None, None)
         for number, mutant in enumerate(spec["mutants"], start=1):
             path = python.parent / mutant["path"]
             original = path.read_bytes()
@@ -244,11 +258,12 @@ def main(argv: list[str]) -> int:
                 # always compiled from its own source, even at the same size.
                 fake = int(stat.st_mtime) + 100_000 + number
                 os.utime(path, (fake, fake))
-                module = narrow[mutant["path"]]
-                outcome, seconds, _ = _run(root, tests, timeout, limits, module)
+                module, order = narrow[mutant["path"]]
+                outcome, seconds, _ = _run(root, tests, timeout, limits, module, order)
                 if outcome == "survived" and module is not None:
                     # A survivor is confirmed the slow, sure way: all of sglang
-                    # afresh, so nothing kept from before can hide the mutant.
+                    # afresh, the tests in their own order (the baseline's), so
+                    # nothing kept from before can hide the mutant.
                     outcome, more, _ = _run(root, tests, timeout, limits)
                     seconds += more
             finally:

@@ -302,3 +302,60 @@ def test_a_file_whose_import_has_side_effects_is_imported_with_all_of_sglang(
     assert result.code == 1
     survivors = [s["diff"] for s in patch["survived"]]
     assert "python/sglang/srt/plugin.py:4: -VALUE = 2 +VALUE = 3" in survivors
+
+
+def test_a_mutant_meets_the_quickest_tests_first(project: Project) -> None:
+    # Under -x a mutant is killed by the first test that fails: the quick test
+    # runs before the slow one (the baseline timed both), so no mutant of VALUE
+    # waits for the slow test. Each test says in ran.log that it ran.
+    ran = project.root / "ran.log"
+    tests = _write_test(
+        project,
+        "test_order.py",
+        "import time\nfrom sglang.srt.flags import VALUE\n\n"
+        f"def note(name):\n    open({str(ran)!r}, 'a').write(name + '\\n')\n\n"
+        "def test_a_slow():\n    time.sleep(0.5)\n    note('slow')\n"
+        "    assert VALUE == 2\n\n"
+        "def test_b_quick():\n    note('quick')\n    assert VALUE == 2\n",
+    )
+    project.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE",
+        Tests=tests,
+    )
+    ran.unlink(missing_ok=True)  # what verify's own runs wrote
+    result = project.run("verify", "--mutants", "--json", "--fresh")
+    assert result.code == 0, result.out
+    (patch,) = json.loads(result.out)["patches"]
+    assert patch["made"] >= 3 and patch["killed"] == patch["made"]
+    lines = ran.read_text().split()
+    # The baseline in the tests' own order, the unmutated check quickest first,
+    # then only the quick test for each mutant that imports at all.
+    assert lines[:4] == ["slow", "quick", "quick", "slow"], lines
+    assert lines[4:] and set(lines[4:]) == {"quick"}, lines
+
+
+def test_tests_that_depend_on_their_order_keep_it(project: Project) -> None:
+    # test_b needs what the slower test_a sets: quickest first, it would fail
+    # unmutated, and every mutant would look killed. The unmutated check sees
+    # that, so the mutants run in the tests' own order: 2 -> 3 survives, as it
+    # must for a test that accepts 3.
+    tests = _write_test(
+        project,
+        "test_state.py",
+        "import time\nfrom sglang.srt.flags import VALUE\n\nSTATE = []\n\n"
+        "def test_a_sets():\n    time.sleep(0.5)\n    STATE.append(1)\n\n"
+        "def test_b_uses():\n    assert STATE == [1] and VALUE in (2, 3)\n",
+    )
+    project.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE",
+        Tests=tests,
+    )
+    result = project.run("verify", "--mutants", "--json", "--fresh")
+    assert result.code == 1, result.out
+    (patch,) = json.loads(result.out)["patches"]
+    survivors = [s["diff"] for s in patch["survived"]]
+    assert "python/sglang/srt/flags.py:1: -VALUE = 2 +VALUE = 3" in survivors

@@ -17,12 +17,17 @@ from sglang.test.test_utils import CustomTestCase
 
 register_cpu_ci(est_time=15, suite="base-a-test-cpu")
 
-# Past the harness's grace (SHUTDOWN_GRACE_S, 5 s) with room for a loaded
-# machine, and no longer: a harness without the patch waits all of it.
-EXITS_ON_ITS_OWN_AFTER_S = 15
+# Past the grace below with room for a loaded machine, and no longer: a harness
+# without the patch waits all of it.
+EXITS_ON_ITS_OWN_AFTER_S = 8
+# The grace the test of a server that never exits gives the harness instead of
+# its 5 s, which every run of it (verify's, the matrix's, each mutant's) would
+# wait out. Created where it does not exist: a harness without the patch never
+# reads it, and fails as before.
+GRACE_S = 2.0
 # A server whose scheduler finishes promptly after Shutdown: well inside the
-# harness's grace (SHUTDOWN_GRACE_S, 5 s), even on a loaded machine.
-FINISHES_AFTER_S = 1.0
+# harness's own grace (SHUTDOWN_GRACE_S, 5 s), even on a loaded machine.
+FINISHES_AFTER_S = 0.5
 STOPPED, WAITED_OUT, FINISHED = 0, 7, 3
 
 
@@ -75,8 +80,11 @@ class TestShutdownStopsTheServer(CustomTestCase):
         server, process, oob = self._harness(_http_server_that_keeps_serving)
         # Longer than the stand-in lives: a harness that only waits for the
         # process to exit sees it exit on its own, not stopped.
-        with mock.patch.object(
-            http_server, "SHUTDOWN_JOIN_TIMEOUT_S", 2 * EXITS_ON_ITS_OWN_AFTER_S
+        with (
+            mock.patch.object(
+                http_server, "SHUTDOWN_JOIN_TIMEOUT_S", 2 * EXITS_ON_ITS_OWN_AFTER_S
+            ),
+            mock.patch.object(http_server, "SHUTDOWN_GRACE_S", GRACE_S, create=True),
         ):
             server.shutdown()
         self.assertFalse(process.is_alive())
@@ -85,7 +93,8 @@ class TestShutdownStopsTheServer(CustomTestCase):
 
     def test_shutdown_lets_a_finishing_server_exit_on_its_own_first(self):
         # Stopped at once, the scheduler would lose the moment it needs to
-        # return from its loop (and write what it writes on the way out).
+        # return from its loop (and write what it writes on the way out). The
+        # harness's own grace: this wait ends as soon as the server exits.
         server, process, _ = self._harness(_server_that_finishes_soon)
         server.shutdown()
         self.assertFalse(process.is_alive())
