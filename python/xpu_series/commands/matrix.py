@@ -32,6 +32,7 @@ from xpu_series.project import Project
 from xpu_series.proof import Counts, PrefixRunner, Run, count
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, PatchStatus, Report
 from xpu_series.sequencer import borrow_pin_objects
+from xpu_series.series import Patch
 from xpu_series.tree import materialize_base, repair
 from xpu_series.ui import table
 from xpu_series.wheel import fetch_wheel, index_releases
@@ -224,16 +225,16 @@ def _best_effort_tree(
 
 @dataclass
 class _Plan:
-    """One release's share of the behavioural runs: its tree, the commit before
-    and after each patch, and the tests each commit owes."""
+    """One release's share of the behavioural runs: its tree, its series, the
+    commit before and after each patch, and the tests each commit owes."""
 
     version: str
     git: Git
+    patches: tuple[Patch, ...]
     steps: list[tuple[str, str]]
     before: list[str]
     tests: list[tuple[str, ...]]
     work: dict[str, list[str]]
-    began: float = 0.0
 
 
 def _plan(project: Project, version: str, wheel: Path | None) -> _Plan:
@@ -255,7 +256,7 @@ def _plan(project: Project, version: str, wheel: Path | None) -> _Plan:
         for commit in commits:
             wanted = work.setdefault(commit, [])
             wanted += [t for t in spec if t not in wanted]
-    return _Plan(version, git, steps, before, tests, work)
+    return _Plan(version, git, series, steps, before, tests, work)
 
 
 def _label(version: str, commit: str) -> str:
@@ -313,11 +314,10 @@ def _measure(
     rows = {row.name: row for row in matrix.rows_}
     for plan in plans:
         version = plan.version
-        series = project.series(version, every_retired=True).patches
         mine = {
             commit: outcomes.get(_label(version, commit), {}) for commit in plan.work
         }
-        for k, (patch, spec) in enumerate(zip(series, plan.tests, strict=True)):
+        for k, (patch, spec) in enumerate(zip(plan.patches, plan.tests, strict=True)):
             row = rows[patch.name]
             status, after = plan.steps[k]
             if row.text.get(version, "-") == "-":
