@@ -34,7 +34,13 @@ from xpu_series.operation import (
     swap_in,
 )
 from xpu_series.project import Project
-from xpu_series.result import PatchOutcome, PatchStatus, Report, UpstreamInfo
+from xpu_series.result import (
+    ExitCode,
+    PatchOutcome,
+    PatchStatus,
+    Report,
+    UpstreamInfo,
+)
 from xpu_series.series import Patch, Series, load_series_for
 from xpu_series.tree import (
     APPLIED_REF,
@@ -56,6 +62,13 @@ FinishHook = Callable[["Runner"], None]
 RESOLUTIONS = "resolutions"
 # The detail of a stop the plan's `edit` asked for.
 EDIT_STOP = "stopped to edit (the plan asked)"
+
+
+class Unresolved(TreeError):
+    """--continue while the stopped patch still has unmerged files or conflict
+    markers: the operation stays stopped at a conflict a human must resolve."""
+
+    exit_code = ExitCode.CONFLICT
 
 
 def _decided_status(decision: dict) -> PatchStatus:
@@ -406,7 +419,7 @@ class Runner:
         unmerged = unmerged_paths(git)
         marked = files_with_markers(git, sorted({*patch.files, *unmerged}))
         if unmerged or marked:
-            raise TreeError(
+            raise Unresolved(
                 f"{op.current} is not resolved yet: "
                 + "; ".join(
                     part

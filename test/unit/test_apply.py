@@ -204,7 +204,7 @@ def test_three_way_conflict_leaves_markers_and_continue_finishes(
     other = three_patches.tree / "python/sglang/srt/other.py"
     assert "<<<<<<<" in other.read_text()
     refused = three_patches.run("apply", "--continue")
-    assert refused.code == 1 and "conflict markers in" in refused.err
+    assert refused.code == 3 and "conflict markers in" in refused.err
     other.write_text("def answer():\n    return 43\n")
     git(three_patches.tree, "add", "-A")
     done = three_patches.run("apply", "--continue")

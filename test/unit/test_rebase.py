@@ -110,11 +110,47 @@ def test_conflict_stops_with_markers_and_abort_restores_byte_for_byte(
     status = three_patches.run("status")
     assert "in progress: rebase onto sglang 0.0.2 stopped at 0002" in status.out
     refused = three_patches.run("rebase", "--continue")
-    assert refused.code == 1 and "conflict markers" in refused.err
+    assert refused.code == 3 and "conflict markers" in refused.err
     aborted = three_patches.run("rebase", "--abort")
     assert aborted.code == 0, aborted.err
     assert state(three_patches) == before
     assert not (three_patches.root / "build" / "operation").exists()
+
+
+def test_continue_with_markers_left_is_a_conflict_and_its_hint_finishes(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    wheel = _conflicting_release(tmp_path)
+    assert (
+        three_patches.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel)).code == 3
+    )
+    other = three_patches.tree / "python/sglang/srt/other.py"
+    marked = other.read_bytes()
+    # Staged, markers and all: git no longer calls it unmerged, the tool must.
+    git(three_patches.tree, "add", "-A")
+    refused = three_patches.run("rebase", "--continue")
+    assert refused.code == 3, "a conflict needing a human, not a failure"
+    assert "0002-fix-the-answer.patch is not resolved yet" in refused.err
+    assert "conflict markers in python/sglang/srt/other.py" in refused.err
+    # The refusal changed nothing: still stopped there, markers in place.
+    assert other.read_bytes() == marked
+    status = three_patches.run("status")
+    assert "in progress: rebase onto sglang 0.0.2 stopped at 0002" in status.out
+    # The hint, followed literally: edit in the tree it names, git add, continue.
+    (hint,) = [line for line in refused.err.splitlines() if line.startswith("hint:")]
+    assert f"edit the files in {three_patches.tree}" in hint
+    add = f"'git -C {three_patches.tree} add'"
+    assert add in hint and "'xpu-series rebase --continue'" in hint
+    other.write_text("def answer():\n    return 42\n")
+    git(three_patches.tree, "add", "python/sglang/srt/other.py")
+    done = three_patches.run("rebase", "--continue", "--json")
+    assert done.code == 0, done.err
+    statuses = [p["status"] for p in json.loads(done.out)["patches"]]
+    assert statuses == ["applied", "merged", "applied"]
+    assert (
+        "-    return 40"
+        in (three_patches.patches / "0002-fix-the-answer.patch").read_text()
+    )
 
 
 def test_continue_after_resolving_finishes_and_keeps_the_names(
