@@ -12,15 +12,19 @@ imports sglang from FOLDER (any worktree, of any release: what the parent keeps
 loaded is third-party), and the worker answers each run with a line
 {"code": N, "seconds": S} on stdout once pytest in the fork has written PATH
 (the outcome plugin) and its output to the log. The caller checks the commit
-out before sending the run, and waits for the answer before the next.
+out before sending the run, and waits for the answer before the next. A fork
+dies with its worker (Linux); the caller runs a run the worker died in again on
+a new worker.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gc
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -67,6 +71,24 @@ def _child(root: Path, run: dict, started_on: str | None) -> None:
     os._exit(int(code))
 
 
+# prctl(2): the signal a child gets when the thread that forked it exits.
+_PR_SET_PDEATHSIG = 1
+
+
+def _die_with(worker: int) -> None:
+    """The fork is killed when its worker dies: the caller runs the test again
+    on a new worker, and this run must not go on alone beside it (writing into
+    a folder the caller removed, holding a core). Linux only; elsewhere a fork
+    outlives its worker as before."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    except (OSError, AttributeError):
+        return
+    if os.getppid() != worker:  # the worker died before prctl took hold
+        os._exit(70)
+
+
 def main(argv: list[str]) -> int:
     root = Path(argv[0])
     every = json.loads(Path(argv[1]).read_text())
@@ -90,12 +112,14 @@ def main(argv: list[str]) -> int:
     # gc.collect several times as it ends) skip it instead of walking torch's heap.
     gc.freeze()
     answer = sys.stdout
+    worker = os.getpid()
     for line in sys.stdin:
         run = json.loads(line)
         start = time.monotonic()
         pid = os.fork()
         if pid == 0:
             try:
+                _die_with(worker)
                 _child(root, run, started_on)
             finally:
                 os._exit(70)

@@ -27,6 +27,8 @@ from xpu_series.project import Project
 
 # Bumped when what a cached outcome means changes (the plugin, the counting).
 _CACHE_FORMAT = "2"
+# How often a run meets a worker that dies under it before it has no outcome.
+WORKER_ATTEMPTS = 2
 
 
 @dataclass(frozen=True)
@@ -336,6 +338,19 @@ class PrefixRunner:
                 f"[{done[0]}/{total} runs, {time.monotonic() - start:.0f}s elapsed]"
             )
 
+    def _worker_died(self, lock: threading.Lock, label: str, again: bool) -> None:
+        if self.say is None:
+            return
+        with lock:
+            self.say(
+                f"{label}: the test worker died before the run finished; "
+                + (
+                    "running it again on a new worker"
+                    if again
+                    else "it died again on a new worker: no outcome (its log says why)"
+                )
+            )
+
     def run(
         self,
         work: dict[str, Run],
@@ -395,13 +410,24 @@ class PrefixRunner:
                         tree = Git(worktree)
                         tree.run("checkout", "-q", "-f", "--detach", run.commit)
                         prime(tree, self.project.cache_dir)
-                        if worker is None:
-                            worker = _Worker(self.project, worktree, every)
-                        outcomes, log = worker.ask(worktree, run.tests)
+                        outcomes, log, deaths = {}, "", ""
+                        for attempt in range(WORKER_ATTEMPTS):
+                            if worker is None:
+                                worker = _Worker(self.project, worktree, every)
+                            outcomes, log = worker.ask(worktree, run.tests)
+                            if not worker.dead:
+                                break
+                            # Killed during the run or while it waited for this
+                            # one: the run did not finish (its fork died with
+                            # it). Once more on a new worker, and say so.
+                            worker = None
+                            again = attempt + 1 < WORKER_ATTEMPTS
+                            self._worker_died(lock, label, again)
+                            deaths += f"(the test worker died in this run)\n{log}\n"
+                            outcomes, log = {}, ""
+                        log = deaths + log
                     finally:
                         pool.give(worktree)
-                    if worker.dead:
-                        worker = None  # the next run starts another
                     results[label], self.logs[label] = outcomes, log
                     self._store(key, tree_id, run.tests, outcomes, log)
                     self._tell(lock, label, outcomes, began, start, done, len(todo))
