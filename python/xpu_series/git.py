@@ -166,3 +166,32 @@ class Git:
     def git_dir(self) -> Path:
         path = Path(self.out("rev-parse", "--git-dir"))
         return path if path.is_absolute() else self.repo / path
+
+
+def read_blobs(repo: Path, blobs: Sequence[str]) -> dict[str, bytes]:
+    """The contents of many blobs at once (`git cat-file --batch`), by blob id."""
+    if not blobs:
+        return {}
+    proc = subprocess.run(
+        ["git", *_CONFIG, "cat-file", "--batch"],
+        cwd=repo,
+        input=b"".join(f"{b}\n".encode() for b in blobs),
+        capture_output=True,
+        check=False,
+    )
+    if proc.returncode != 0:
+        raise GitError(
+            f"git cat-file failed in {repo}: "
+            f"{proc.stderr.decode(errors='replace').strip() or 'no output'}"
+        )
+    out: dict[str, bytes] = {}
+    data, pos = proc.stdout, 0
+    while pos < len(data):
+        end = data.index(b"\n", pos)
+        head = data[pos:end].split()
+        if len(head) < 3:  # "<id> missing"
+            raise GitError(f"blob {head[0].decode()} is missing from {repo}")
+        size = int(head[2])
+        out[head[0].decode()] = data[end + 1 : end + 1 + size]
+        pos = end + 1 + size + 1
+    return out

@@ -10,6 +10,9 @@ _FIELD = re.compile(r"^([A-Z][A-Za-z-]+):\s*(.*)$")
 KNOWN_FIELDS = (
     "Upstream-Status",
     "Applied-Upstream",
+    # The first release a patch applies to (a fix of code older releases lack).
+    "Applies-From",
+    "Forwarded",
     "Concern",
     "Origin",
     "Tests",

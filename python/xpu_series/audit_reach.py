@@ -1,0 +1,61 @@
+"""Which sglang modules an XPU server imports: the import graph from its entry points.
+
+Rules (each has a test in test/unit/test_audit_reach.py):
+- the roots are the server's entry points (ROOTS) and every module of the packages
+  a server loads by name at run time (ROOT_PACKAGES: the model registry imports the
+  module of whichever architecture a user serves);
+- an import is an edge whether it is at module level or inside a function (a
+  function's import runs when the function does, and we do not know that it
+  doesn't), unless a condition that is False on XPU guards it;
+- importing `a.b.c` imports the packages `a` and `a.b` too;
+- a string naming an sglang module (a lazy registry, `importlib.import_module`)
+  is an edge to it.
+A module no edge reaches is never imported by an XPU server: its findings are
+`unreached`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+
+from xpu_series.audit_scan import FileScan
+
+ROOTS = (
+    "sglang.launch_server",
+    "sglang.srt.entrypoints.http_server",
+    "sglang.srt.entrypoints.engine",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.tokenizer_manager",
+    "sglang.srt.managers.detokenizer_manager",
+    "sglang.srt.model_executor.model_runner",
+)
+ROOT_PACKAGES = ("sglang.srt.models",)
+
+
+def _parents(module: str) -> list[str]:
+    parts = module.split(".")
+    return [".".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def reached_modules(
+    scans: Mapping[str, FileScan],
+    roots: Iterable[str] = ROOTS,
+    root_packages: Iterable[str] = ROOT_PACKAGES,
+) -> set[str]:
+    """The modules (by name) an XPU server can import, from `scans` by path."""
+    modules = {scan.module: scan for scan in scans.values()}
+    packages = tuple(f"{p}." for p in root_packages)
+    todo = [m for m in roots if m in modules]
+    todo += [m for m in modules if m.startswith(packages)]
+    seen: set[str] = set()
+    while todo:
+        module = todo.pop()
+        if module in seen:
+            continue
+        seen.add(module)
+        todo.extend(p for p in _parents(module) if p in modules)
+        for edge in modules[module].imports:
+            if edge.guarded:
+                continue
+            todo.extend(t for t in edge.targets if t in modules and t not in seen)
+    return seen

@@ -1,0 +1,213 @@
+"""An audit report as text, Markdown, JSON or SARIF 2.1.0 (GitHub code scanning)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from xpu_series import __version__
+from xpu_series.audit import EXPOSED, VERDICTS, AuditReport, Finding, grouped
+from xpu_series.audit_scan import KINDS
+from xpu_series.ui import table
+
+# What each finding kind is, for SARIF's rules and the report's legend.
+RULES = {
+    "torch-cuda": "torch.cuda API used where an XPU server runs",
+    "tensor-cuda": ".cuda() moves a tensor or module to a CUDA device",
+    "device-literal": "a 'cuda' device literal on an XPU path",
+    "is-cuda": "an is_cuda test that sends XPU tensors down another branch",
+    "guarded-import": "a name imported only under a CUDA/ROCm guard, used outside it",
+    "cuda-package": "a CUDA-only package imported at module level",
+}
+SHOWN = (EXPOSED, "triaged", "patched")  # the text report lists these per concern
+
+
+def _counts_line(title: str, counts: dict[str, int], order: tuple[str, ...]) -> str:
+    keys = [k for k in order if k in counts] + sorted(set(counts) - set(order))
+    body = ", ".join(f"{k} {counts[k]}" for k in keys) or "none"
+    return f"{title}: {body}"
+
+
+def summary_lines(report: AuditReport) -> list[str]:
+    lines = [
+        f"audited: {report.label}"
+        + (f" (new since {report.since})" if report.since else ""),
+        f"files: {report.files}, modules an XPU server imports: {report.reached} "
+        f"of {report.modules}",
+        _counts_line("verdicts", report.count("verdict"), VERDICTS),
+        _counts_line(
+            "effects (exposed)",
+            dict(_exposed_effects(report.findings)),
+            ("raises", "silent-zero", "no-op", "wrong-device", "skips-xpu"),
+        ),
+        f"executed on the stand-in: {sum(f.executed for f in report.findings)}"
+        f" ({report.executed_source or 'no recorded run for this tree'})",
+    ]
+    return lines
+
+
+def _exposed_effects(findings: list[Finding]) -> list[tuple[str, int]]:
+    counts: dict[str, int] = {}
+    for f in findings:
+        if f.verdict == EXPOSED:
+            counts[f.effect] = counts.get(f.effect, 0) + 1
+    return sorted(counts.items())
+
+
+def render_text(report: AuditReport, verbose: bool = False) -> str:
+    lines: list[str] = []
+    shown = VERDICTS if verbose else SHOWN
+    for (file, function), items in grouped(report.findings):
+        items = [f for f in items if f.verdict in shown]
+        if not items:
+            continue
+        lines.append(f"{file.removeprefix('python/')}: {function}")
+        for f in items:
+            ran = ", executed" if f.executed else ""
+            lines.append(f"  {f.line}: {f.api} [{f.effect}{ran}] {f.verdict}")
+            if f.verdict == EXPOSED and f.replacement:
+                lines.append(f"      use: {f.replacement}")
+            elif f.verdict != EXPOSED and f.reason:
+                lines.append(f"      {f.reason}")
+    if lines:
+        lines.append("")
+    for path, error in report.parse_errors:
+        lines.append(f"warning: {path} {error}; the audit skipped it")
+    for entry, covered in report.triage:
+        if covered > 1:
+            lines.append(
+                f"triage: audit.toml:{entry.line} ({entry.describe()}) covers "
+                f"{covered} findings"
+            )
+    for entry in report.stale:
+        lines.append(
+            f"stale: audit.toml:{entry.line} ({entry.describe()}) matches no "
+            "finding; remove it"
+        )
+    lines.extend(summary_lines(report))
+    return "\n".join(lines)
+
+
+def render_markdown(report: AuditReport) -> str:
+    """A job-summary table: the exposed and new findings, one row each."""
+    lines = [f"### xpu-series audit: {report.label}", ""]
+    lines += [f"- {line}" for line in summary_lines(report)]
+    rows = [
+        [
+            f"`{f.file.removeprefix('python/')}:{f.line}`",
+            f"`{f.function}`",
+            f"`{f.api}`",
+            f.effect,
+            f.verdict,
+            "yes" if f.executed else "",
+        ]
+        for _, items in grouped(report.findings)
+        for f in items
+        if f.verdict in SHOWN
+    ]
+    if rows:
+        head = ["where", "function", "api", "effect", "verdict", "executed"]
+        lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+        lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
+def render_json(report: AuditReport) -> dict[str, Any]:
+    return {
+        "ok": not report.exposed,
+        "tree": report.label,
+        "since": report.since or None,
+        "files": report.files,
+        "modules": report.modules,
+        "modules_reached": report.reached,
+        "counts": {
+            "verdict": report.count("verdict"),
+            "effect": report.count("effect"),
+            "executed": sum(f.executed for f in report.findings),
+        },
+        "findings": [f.to_json() for f in report.findings],
+        "parse_errors": [{"file": p, "error": e} for p, e in report.parse_errors],
+        "triage": [
+            {
+                "line": e.line,
+                "file": e.file,
+                "function": e.function,
+                "api": e.api,
+                "reason": e.reason,
+                "covers": n,
+            }
+            for e, n in report.triage
+        ],
+        "stale": [e.line for e in report.stale],
+        "executed_source": report.executed_source,
+        "cached": report.cached,
+    }
+
+
+_LEVEL = {"exposed": "error", "triaged": "note", "patched": "note"}
+
+
+def render_sarif(report: AuditReport) -> dict[str, Any]:
+    """SARIF 2.1.0: one rule per finding kind; exposed findings are errors,
+    triaged ones carry their reason as a suppression."""
+    rules = [
+        {
+            "id": kind,
+            "name": kind.replace("-", " ").title().replace(" ", ""),
+            "shortDescription": {"text": RULES[kind]},
+            "helpUri": "https://github.com/sgl-project/sglang",
+        }
+        for kind in KINDS
+    ]
+    results = []
+    for f in report.findings:
+        if f.verdict not in _LEVEL:
+            continue
+        text = f"{f.api} in {f.function}: {f.effect} on XPU."
+        if f.replacement:
+            text += f" Use {f.replacement}."
+        result: dict[str, Any] = {
+            "ruleId": f.kind,
+            "ruleIndex": KINDS.index(f.kind),
+            "level": _LEVEL[f.verdict],
+            "message": {"text": text},
+            "locations": [
+                {
+                    "physicalLocation": {
+                        "artifactLocation": {"uri": f.file},
+                        "region": {"startLine": max(f.line, 1)},
+                    },
+                    "logicalLocations": [
+                        {"fullyQualifiedName": f.function, "kind": "function"}
+                    ],
+                }
+            ],
+            "partialFingerprints": {"xpuSeriesFinding/v1": f.fingerprint()},
+            "properties": {"effect": f.effect, "executed": f.executed},
+        }
+        if f.verdict != EXPOSED:
+            result["suppressions"] = [
+                {"kind": "external", "justification": f.reason or f.verdict}
+            ]
+        results.append(result)
+    return {
+        "$schema": "https://json.schemastore.org/sarif-2.1.0.json",
+        "version": "2.1.0",
+        "runs": [
+            {
+                "tool": {
+                    "driver": {
+                        "name": "xpu-series audit",
+                        "version": __version__,
+                        "informationUri": "https://github.com/sgl-project/sglang",
+                        "rules": rules,
+                    }
+                },
+                "results": results,
+            }
+        ],
+    }
+
+
+def effect_table(report: AuditReport) -> str:
+    rows = [[k, str(v)] for k, v in sorted(report.count("effect").items())]
+    return table(["effect", "findings"], rows)

@@ -1,0 +1,104 @@
+"""patches/audit.toml: findings accepted with a reason, matched by file, function, API."""
+
+from __future__ import annotations
+
+import tomllib
+from dataclasses import dataclass
+from fnmatch import fnmatchcase
+from pathlib import Path
+
+from xpu_series.errors import UsageError
+
+_KEYS = {"file", "function", "api", "reason"}
+
+
+@dataclass(frozen=True)
+class TriageEntry:
+    """One accepted group of findings. `file`, `function` and `api` are shell
+    patterns (`*` matches across dots and slashes); `function` and `api` are
+    optional and narrow the entry. Never a line number: lines move."""
+
+    line: int  # where the entry starts in audit.toml (for messages)
+    file: str
+    reason: str
+    function: str = ""
+    api: str = ""
+
+    def matches(self, file: str, function: str, api: str) -> bool:
+        return (
+            fnmatchcase(file, self.file)
+            and (not self.function or fnmatchcase(function, self.function))
+            and (not self.api or fnmatchcase(api, self.api))
+        )
+
+    def describe(self) -> str:
+        parts = [self.file]
+        if self.function:
+            parts.append(f"function {self.function}")
+        if self.api:
+            parts.append(f"api {self.api}")
+        return ", ".join(parts)
+
+
+def _entry_lines(text: str) -> list[int]:
+    return [
+        number
+        for number, line in enumerate(text.splitlines(), start=1)
+        if line.strip().startswith("[[accept]]")
+    ]
+
+
+def load_triage(path: Path) -> list[TriageEntry]:
+    """The entries of `path` (none when it does not exist); a malformed file is a
+    usage error naming the line."""
+    if not path.is_file():
+        return []
+    text = path.read_text(encoding="utf-8")
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        raise UsageError(
+            f"{path} is not valid TOML: {exc}",
+            hint="fix that line; each entry is [[accept]] with file, reason and "
+            "optionally function and api",
+        ) from None
+    extra = sorted(set(data) - {"accept"})
+    if extra:
+        raise UsageError(
+            f"{path}: unknown table {extra[0]!r} (only [[accept]] entries)",
+            hint="put each accepted finding in an [[accept]] entry",
+        )
+    lines = _entry_lines(text)
+    entries: list[TriageEntry] = []
+    raw_entries = data.get("accept", [])
+    if not isinstance(raw_entries, list):
+        raise UsageError(f"{path}: 'accept' must be [[accept]] entries")
+    for index, raw in enumerate(raw_entries):
+        line = lines[index] if index < len(lines) else 0
+        where = f"{path}:{line}"
+        unknown = sorted(set(raw) - _KEYS)
+        if unknown:
+            raise UsageError(
+                f"{where}: unknown key {unknown[0]!r} in [[accept]]",
+                hint="an entry has file, reason, and optionally function and api "
+                "(never a line number: lines move between releases)",
+            )
+        for key in ("file", "reason"):
+            if not isinstance(raw.get(key), str) or not raw[key].strip():
+                raise UsageError(
+                    f"{where}: [[accept]] needs a non-empty {key!r}",
+                    hint="say which file and why the finding is accepted",
+                )
+        for key in ("function", "api"):
+            if key in raw and not isinstance(raw[key], str):
+                raise UsageError(f"{where}: {key!r} must be a string")
+        entries.append(
+            TriageEntry(
+                line=line,
+                file=raw["file"].strip(),
+                reason=" ".join(raw["reason"].split()),
+                function=raw.get("function", "").strip(),
+                api=raw.get("api", "").strip(),
+            )
+        )
+    return entries

@@ -1,0 +1,209 @@
+"""audit: CUDA-only code on the paths an XPU server runs, per release.
+
+Scans every module under python/sglang/ for torch.cuda calls, .cuda(), "cuda"
+device literals, is_cuda tests, names imported only under a CUDA/ROCm guard and
+CUDA-only packages; decides from the import graph whether an XPU server imports
+the module, from the conditions around each use whether XPU can get there, and
+from a measured table what each API does on XPU. Findings the series fixes are
+`patched`; patches/audit.toml accepts the rest with a reason (`triaged`); what
+remains is `exposed`. `--trace` runs the CPU stand-in server and marks the
+findings that executed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from xpu_series.audit import AuditReport, run_audit
+from xpu_series.audit_render import (
+    render_json,
+    render_markdown,
+    render_sarif,
+    render_text,
+)
+from xpu_series.audit_source import (
+    TreeFiles,
+    commit_files,
+    folder_files,
+    release_base,
+    series_tree,
+)
+from xpu_series.audit_trace import cached_trace, record_trace
+from xpu_series.audit_triage import load_triage
+from xpu_series.commands import Context, Output, add_tree
+from xpu_series.errors import UsageError
+from xpu_series.git import Git
+from xpu_series.project import Project
+from xpu_series.result import ExitCode
+from xpu_series.tree import UPSTREAM_TAG
+
+HELP = "find CUDA-only code on XPU server paths (per release, triaged)"
+TRIAGE = "audit.toml"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_tree(p)
+    p.add_argument(
+        "--upstream",
+        metavar="VERSION",
+        help="audit this release with the series (as 'apply --upstream' builds it)",
+    )
+    p.add_argument(
+        "--pristine",
+        action="store_true",
+        help="audit the release as upstream shipped it (findings the series "
+        "fixes are 'patched')",
+    )
+    p.add_argument(
+        "--since",
+        metavar="VERSION",
+        help="only what is new relative to that release (file + function + API)",
+    )
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="exit 1 when an exposed finding is neither patched nor triaged",
+    )
+    p.add_argument(
+        "--markdown", action="store_true", help="a Markdown table (job summary)"
+    )
+    p.add_argument("--sarif", metavar="FILE", help="also write SARIF 2.1.0 to FILE")
+    p.add_argument(
+        "--trace",
+        action="store_true",
+        help="run the CPU stand-in server on the tree and record which torch.cuda "
+        "calls execute (about a minute; cached by tree)",
+    )
+    p.add_argument(
+        "--all",
+        dest="verbose",
+        action="store_true",
+        help="list guarded, unreached and harmless findings too",
+    )
+    p.add_argument(
+        "--triage",
+        metavar="FILE",
+        help=f"the triage file (default: patches/{TRIAGE})",
+    )
+
+
+def _pristine_of(tree: Path) -> TreeFiles | None:
+    """The `upstream` commit of a tree the tool built, if it has one."""
+    git = Git(tree)
+    if not git.is_repo() or git.rev(UPSTREAM_TAG) is None:
+        return None
+    return commit_files(tree, UPSTREAM_TAG, f"{tree} at {UPSTREAM_TAG} (pristine)")
+
+
+def _release(project: Project, version: str, pristine: bool) -> TreeFiles:
+    if pristine:
+        repo, commit = release_base(project, version)
+        return commit_files(repo, commit, f"sglang {version} (pristine)")
+    tree = series_tree(project, version)
+    return folder_files(tree, f"sglang {version} with the series ({tree})")
+
+
+def run(ctx: Context, project: Project) -> AuditReport:
+    args = ctx.args
+    if args.tree and args.upstream:
+        raise UsageError(
+            "--tree and --upstream name two different trees",
+            hint="pass one of them",
+        )
+    say = ctx.say if not ctx.json else None
+    series_files = pristine_files = since_files = None
+    traced: Path | None = None
+    if args.upstream:
+        release_base(project, args.upstream)  # an unknown release fails first
+    version = args.upstream or project.pin.version
+    if args.since:
+        since_files = _release(project, args.since, args.pristine)
+    if args.upstream:
+        files = _release(project, version, args.pristine)
+        if args.pristine:
+            series_files = _release(project, version, False)
+        else:
+            traced = series_tree(project, version)
+            pristine_files = _release(project, version, True)
+    else:
+        tree = ctx.tree(project)
+        if not tree.is_dir():
+            raise UsageError(
+                f"{tree} does not exist",
+                hint="build it with 'xpu-series apply' (or pass --tree DIR)",
+            )
+        if args.pristine:
+            pristine = _pristine_of(tree)
+            if pristine is None:
+                raise UsageError(
+                    f"{tree} has no '{UPSTREAM_TAG}' tag: its pristine state is "
+                    "unknown",
+                    hint="use --upstream VERSION --pristine, or a tree made by "
+                    "'xpu-series apply'",
+                )
+            files, series_files = pristine, folder_files(tree)
+        else:
+            files, traced = folder_files(tree), tree
+            pristine_files = _pristine_of(tree)
+    executed, source = None, ""
+    if traced is not None:
+        calls = cached_trace(project.cache_dir, traced)
+        if args.trace:
+            calls = record_trace(
+                project.root, traced, project.cache_dir, _python(project), say
+            )
+        if calls is not None:
+            executed = {(c.file, c.line, c.api) for c in calls}
+            source = f"stand-in run of {traced}, {len(executed)} call sites"
+    elif args.trace:
+        raise UsageError(
+            "--trace runs a server on a tree with the series; a pristine audit "
+            "reads no trace",
+            hint="drop --pristine, or run 'xpu-series audit --trace' on the tree",
+        )
+    triage_path = Path(args.triage) if args.triage else project.patches_dir / TRIAGE
+    if args.triage and not triage_path.is_file():
+        raise UsageError(f"{triage_path} does not exist", hint="check the path")
+    return run_audit(
+        files,
+        project.cache_dir,
+        load_triage(triage_path),
+        series_files=series_files,
+        pristine_files=pristine_files,
+        since_files=since_files,
+        since=args.since or "",
+        executed=executed,
+        executed_source=source,
+        say=say,
+    )
+
+
+def _python(project: Project) -> Path:
+    # The interpreter running the tool has the test environment sglang needs.
+    return Path(sys.executable)
+
+
+def execute(ctx: Context) -> Output:
+    project = ctx.project()
+    report = run(ctx, project)
+    out = Output(data=render_json(report))
+    if ctx.args.markdown:
+        out.out.append(render_markdown(report))
+    else:
+        out.out.append(render_text(report, ctx.args.verbose))
+    if ctx.args.sarif:
+        Path(ctx.args.sarif).write_text(
+            json.dumps(render_sarif(report), indent=2) + "\n"
+        )
+        out.err.append(f"wrote {ctx.args.sarif} (SARIF 2.1.0)")
+    if ctx.args.check and report.exposed:
+        out.error(
+            f"{len(report.exposed)} exposed finding(s) are neither patched nor triaged",
+            hint="fix each in a patch, or accept it in patches/audit.toml with "
+            "the reason",
+        )
+        out.code = ExitCode.FAILED
+    return out
