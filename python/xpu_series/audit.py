@@ -11,6 +11,7 @@ condition keeps XPU out), `patched` (the series removes it), `triaged`, `exposed
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -24,7 +25,7 @@ from typing import Any
 
 from xpu_series import audit_guards, audit_scan
 from xpu_series.audit_effects import CUDA_ONLY_PACKAGES, Effect, effect_of
-from xpu_series.audit_reach import reached_modules
+from xpu_series.audit_reach import device_module, reached_modules
 from xpu_series.audit_scan import FileScan, RawFinding, scan_source
 from xpu_series.audit_source import TreeFiles
 from xpu_series.audit_triage import TriageEntry
@@ -211,11 +212,16 @@ class Candidate:
 
 def candidates(scans: dict[str, FileScan]) -> tuple[list[Candidate], int]:
     reached = reached_modules(scans)
-    out = [
-        Candidate(path, raw, scan.module in reached)
-        for path, scan in sorted(scans.items())
-        for raw in scan.findings
-    ]
+    out = []
+    for path, scan in sorted(scans.items()):
+        device = device_module(scan.module)
+        for raw in scan.findings:
+            if device and not raw.guard:
+                # Its module serves another device: it runs when that one does.
+                raw = dataclasses.replace(
+                    raw, guard=f"a module for {device} (its path says so)"
+                )
+            out.append(Candidate(path, raw, scan.module in reached))
     return out, len(reached)
 
 

@@ -10,6 +10,10 @@ Rules (each has a test in test/unit/test_audit_reach.py):
 - importing `a.b.c` imports the packages `a` and `a.b` too;
 - a string naming an sglang module (a lazy registry, `importlib.import_module`)
   is an edge to it.
+- a module of another device (a path component names it: `npu`, `hip`, `rocm`,
+  `amd`, `musa`, `mps`, `mindspore`, or is exactly `cuda`/`nvidia`) is only used
+  when that device is: XPU does not follow its imports, and its findings are
+  `guarded` (`device_module`).
 A module no edge reaches is never imported by an XPU server: its findings are
 `unreached`.
 """
@@ -30,6 +34,27 @@ ROOTS = (
     "sglang.srt.model_executor.model_runner",
 )
 ROOT_PACKAGES = ("sglang.srt.models",)
+_DEVICES = ("npu", "hip", "rocm", "amd", "musa", "mps", "mindspore", "ascend")
+_EXACT = ("cuda", "nvidia")
+
+
+def device_module(module: str) -> str:
+    """The other device a module's path names, or "".
+
+    >>> device_module("sglang.srt.hardware_backend.npu.utils")
+    'npu'
+    >>> device_module("sglang.srt.model_executor.cuda_graph_runner")
+    ''
+    """
+    for part in module.split(".")[1:]:
+        if part in _EXACT:
+            return part
+        for device in _DEVICES:
+            if part == device or part.startswith(f"{device}_"):
+                return device
+            if part.endswith(f"_{device}"):
+                return device
+    return ""
 
 
 def _parents(module: str) -> list[str]:
@@ -54,6 +79,8 @@ def reached_modules(
             continue
         seen.add(module)
         todo.extend(p for p in _parents(module) if p in modules)
+        if device_module(module):
+            continue  # imported on XPU, but its own imports are that device's
         for edge in modules[module].imports:
             if edge.guarded:
                 continue

@@ -446,13 +446,24 @@ class _Scanner(ast.NodeVisitor):
             if head in self.cuda_aliases and not self._shadowed(head):
                 self.add(node, f"{self.cuda_aliases[head]}.{rest}", TORCH_CUDA)
                 return
-        if node.attr == "is_cuda" and isinstance(node.ctx, ast.Load):
+        if (
+            node.attr == "is_cuda"
+            and isinstance(node.ctx, ast.Load)
+            and dotted(node.value) not in ("self", "cls")
+        ):
+            # A tensor's flag; `self.is_cuda` is an object's own platform flag.
             self.add(node, "Tensor.is_cuda", IS_CUDA)
         self.visit(node.value)
 
     def visit_Call(self, node: ast.Call) -> None:
         func = node.func
         fname = dotted(func) or ""
+        if isinstance(func, ast.Attribute) and func.attr == "is_cuda":
+            # `platform.is_cuda()` is a platform check (a guard), not a tensor's.
+            self.visit(func.value)
+            for arg in (*node.args, *node.keywords):
+                self.visit(arg)
+            return
         if (
             isinstance(func, ast.Attribute)
             and func.attr == "cuda"

@@ -298,6 +298,17 @@ def metadata_problems(series: Series, pin_version: str) -> list[str]:
                 "give each patch its own"
             )
         concerns.setdefault(concern, patch.name)
+        start = header.get("Applies-From")
+        if start and version_tuple(start) is None:
+            problems.append(
+                f"{patch.name} says Applies-From {start!r}, which is not a release "
+                "number (e.g. 0.5.23)"
+            )
+        elif start and pin is not None and version_tuple(start) > pin:
+            problems.append(
+                f"{patch.name} says Applies-From {start}, above the pin "
+                f"{pin_version}: it could not apply here"
+            )
         for field, version in (
             ("Applied-Upstream", header.get("Applied-Upstream")),
             ("Upstream-Status: Backport", backport_version(header)),
@@ -313,6 +324,21 @@ def metadata_problems(series: Series, pin_version: str) -> list[str]:
 
 
 RETIRED_DIR = "upstreamed"
+
+
+def applies_from(patch: Patch) -> tuple[int, ...] | None:
+    """The first release a patch applies to (`Applies-From:`), or None: all."""
+    if not patch.exists:
+        return None
+    try:
+        return version_tuple(patch.header.get("Applies-From"))
+    except SeriesError:
+        return None
+
+
+def _starts_after(patch: Patch, version: tuple[int, ...]) -> bool:
+    start = applies_from(patch)
+    return start is not None and version < start
 
 
 def _number(name: str) -> int | None:
@@ -331,9 +357,12 @@ def load_series_for(
     upstream's behaviour."""
     series = load_series(directory)
     have, pin = version_tuple(version or ""), version_tuple(pin_version)
-    if have is None or pin is None or (have >= pin and not every_retired):
+    if have is None or pin is None:
         return series
-    patches = list(series.patches)
+    # A patch that fixes code older releases lack starts at its Applies-From.
+    patches = [p for p in series.patches if not _starts_after(p, have)]
+    if have >= pin and not every_retired:
+        return dataclasses.replace(series, patches=tuple(patches))
     for path in sorted((directory / RETIRED_DIR).glob("*.patch")):
         try:
             patch = Patch(PatchName(path.name), path, retired=True)

@@ -149,6 +149,8 @@ def run(ctx: Context, project: Project) -> AuditReport:
             files, traced = folder_files(tree), tree
             pristine_files = _pristine_of(tree)
     executed, source = None, ""
+    if traced is not None and not Git(traced).is_repo() and not args.trace:
+        traced = None  # a trace is keyed by the tree's commit: none to read
     if traced is not None:
         calls = cached_trace(project.cache_dir, traced)
         if args.trace:
