@@ -220,26 +220,21 @@ class _Server:
         raise self.fail(f"was not ready within {timeout:.0f} s")
 
     def stop(self) -> None:
-        """SIGTERM to the group, SIGKILL after a grace; then nothing of it is left."""
-        for sig, wait in ((signal.SIGTERM, STOP_GRACE_S), (signal.SIGKILL, 10.0)):
-            try:
-                os.killpg(self.proc.pid, sig)
-            except ProcessLookupError:
-                break
-            try:
-                self.proc.wait(timeout=wait)
-            except subprocess.TimeoutExpired:
-                continue
-            if sig == signal.SIGTERM:
-                # The launcher is gone; take down any child it left in the group.
-                try:
-                    os.killpg(self.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            break
+        """SIGTERM to the launcher, which stops its children as on Ctrl-C; after
+        a grace, SIGKILL to the whole process group, so nothing of it is left."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+            try:
+                os.kill(self.proc.pid, signal.SIGTERM)
+                self.proc.wait(timeout=STOP_GRACE_S)
+            except (ProcessLookupError, subprocess.TimeoutExpired):
+                pass
+        try:
+            # The group outlives its leader while a child of it is alive, and
+            # Linux reuses no id that still names a group.
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+        self.proc.wait()
 
 
 def _workload(

@@ -54,3 +54,7 @@ class Interrupted(XpuSeriesError):
     """The run was interrupted; the tree was put back to its last good state."""
 
     exit_code = ExitCode.FAILED
+
+
+class StandinError(XpuSeriesError):
+    """The CPU stand-in server did not start or died while serving."""
