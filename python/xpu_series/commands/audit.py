@@ -28,6 +28,7 @@ from xpu_series.audit_source import (
     TreeFiles,
     commit_files,
     folder_files,
+    pristine_tree,
     release_base,
     series_tree,
 )
@@ -100,10 +101,22 @@ def _pristine_of(tree: Path) -> TreeFiles | None:
 
 def _release(project: Project, version: str, pristine: bool) -> TreeFiles:
     if pristine:
+        checkout = project.build_dir / "audit" / f"{version}-pristine"
+        if Git(checkout).is_repo():  # made by --trace: it may have a trace
+            return folder_files(checkout, f"sglang {version} (pristine)")
         repo, commit = release_base(project, version)
         return commit_files(repo, commit, f"sglang {version} (pristine)")
     tree = series_tree(project, version)
     return folder_files(tree, f"sglang {version} with the series ({tree})")
+
+
+def _existing(tree: Path) -> Path:
+    if not tree.is_dir():
+        raise UsageError(
+            f"{tree} does not exist",
+            hint="build it with 'xpu-series apply' (or pass --tree DIR)",
+        )
+    return tree
 
 
 def run(ctx: Context, project: Project) -> AuditReport:
@@ -121,33 +134,24 @@ def run(ctx: Context, project: Project) -> AuditReport:
     version = args.upstream or project.pin.version
     if args.since:
         since_files = _release(project, args.since, args.pristine)
-    if args.upstream:
-        files = _release(project, version, args.pristine)
-        if args.pristine:
+    if args.pristine:
+        if args.trace:
+            pristine_tree(project, version)
+        files = _release(project, version, True)
+        checkout = project.build_dir / "audit" / f"{version}-pristine"
+        traced = checkout if Git(checkout).is_repo() else None
+        if args.upstream:
             series_files = _release(project, version, False)
         else:
-            traced = series_tree(project, version)
-            pristine_files = _release(project, version, True)
+            series_files = folder_files(_existing(ctx.tree(project)))
+    elif args.upstream:
+        traced = series_tree(project, version)
+        files = folder_files(traced, f"sglang {version} with the series ({traced})")
+        pristine_files = _release(project, version, True)
     else:
-        tree = ctx.tree(project)
-        if not tree.is_dir():
-            raise UsageError(
-                f"{tree} does not exist",
-                hint="build it with 'xpu-series apply' (or pass --tree DIR)",
-            )
-        if args.pristine:
-            pristine = _pristine_of(tree)
-            if pristine is None:
-                raise UsageError(
-                    f"{tree} has no '{UPSTREAM_TAG}' tag: its pristine state is "
-                    "unknown",
-                    hint="use --upstream VERSION --pristine, or a tree made by "
-                    "'xpu-series apply'",
-                )
-            files, series_files = pristine, folder_files(tree)
-        else:
-            files, traced = folder_files(tree), tree
-            pristine_files = _pristine_of(tree)
+        traced = _existing(ctx.tree(project))
+        files = folder_files(traced)
+        pristine_files = _pristine_of(traced)
     executed, source = None, ""
     if traced is not None and not Git(traced).is_repo() and not args.trace:
         traced = None  # a trace is keyed by the tree's commit: none to read
@@ -160,12 +164,6 @@ def run(ctx: Context, project: Project) -> AuditReport:
         if calls is not None:
             executed = {(c.file, c.line, c.api) for c in calls}
             source = f"stand-in run of {traced}, {len(executed)} call sites"
-    elif args.trace:
-        raise UsageError(
-            "--trace runs a server on a tree with the series; a pristine audit "
-            "reads no trace",
-            hint="drop --pristine, or run 'xpu-series audit --trace' on the tree",
-        )
     triage_path = Path(args.triage) if args.triage else project.patches_dir / TRIAGE
     if args.triage and not triage_path.is_file():
         raise UsageError(f"{triage_path} does not exist", hint="check the path")

@@ -1,0 +1,101 @@
+"""Benchmark the static part of `xpu-series audit` on a real release.
+
+Measures, side by side in one run (medians of --runs):
+  (a) cold: an empty audit cache (every file parsed and scanned)
+  (b) warm: the same tree again (the tree's scan comes from the cache)
+  (c) baseline: parsing every file with ast.parse, nothing else (one process)
+Goals (issue 24): (a) <= 15 s on this 2-core machine, (b) < 2 s.
+Each case runs `xpu-series audit --json` in a new process, as a user would.
+
+Run: .venv/bin/python scripts/bench_audit.py [--runs 3] [--tree DIR]
+     --quick: one cold and one warm run (what CI runs, so the benchmark cannot rot)
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "xpu_series", "-C", str(ROOT)]
+
+
+def audit(tree: Path, cache: Path) -> None:
+    result = subprocess.run(
+        [*CLI, "audit", "--tree", str(tree), "--json"],
+        env={**os.environ, "XPU_SERIES_CACHE": str(cache)},
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if result.returncode not in (0, 1):
+        raise SystemExit(f"audit failed ({result.returncode}): {result.stderr}")
+
+
+def parse_only(tree: Path) -> None:
+    for path in sorted((tree / "python" / "sglang").rglob("*.py")):
+        ast.parse(path.read_bytes())
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tree", type=Path, default=ROOT / "build" / "sglang")
+    parser.add_argument("--quick", action="store_true", help="one run, no baseline")
+    args = parser.parse_args()
+    if not (args.tree / "python" / "sglang").is_dir():
+        print(f"error: {args.tree} is not an sglang tree", file=sys.stderr)
+        print("hint: run scripts/bootstrap first", file=sys.stderr)
+        return 2
+    runs = 1 if args.quick else args.runs
+    scratch = Path(tempfile.mkdtemp(prefix="bench-audit-", dir=ROOT / "build"))
+    # The real cache's wheels and bases are reused; only the audit's part is new.
+    real = ROOT / "build" / "cache"
+    cold_cache = scratch / "cache"
+
+    def fresh_cache() -> None:
+        shutil.rmtree(cold_cache, ignore_errors=True)
+        cold_cache.mkdir(parents=True)
+        for part in ("wheels", "bases"):
+            if (real / part).exists():
+                (cold_cache / part).symlink_to(real / part)
+
+    cases: dict[str, Callable[[], None]] = {
+        "(a) cold": lambda: audit(args.tree, cold_cache),
+        "(b) warm": lambda: audit(args.tree, cold_cache),
+    }
+    if not args.quick:
+        cases["(c) ast.parse only"] = lambda: parse_only(args.tree)
+    times: dict[str, list[float]] = {name: [] for name in cases}
+    try:
+        for _ in range(runs):
+            fresh_cache()
+            for name, fn in cases.items():  # cold first, then warm on its cache
+                start = time.perf_counter()
+                fn()
+                times[name].append(time.perf_counter() - start)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    medians = {name: statistics.median(v) for name, v in times.items()}
+    files = sum(1 for _ in (args.tree / "python" / "sglang").rglob("*.py"))
+    print(f"audit of {args.tree} ({files} files), {runs} run(s), {os.cpu_count()} cpus")
+    print(f"{'case':<22}{'median s':>10}")
+    for name, value in medians.items():
+        print(f"{name:<22}{value:>10.2f}")
+    cold, warm = medians["(a) cold"], medians["(b) warm"]
+    print(f"goals: cold <= 15 s: {'met' if cold <= 15 else 'MISSED'}; "
+          f"warm < 2 s: {'met' if warm < 2 else 'MISSED'}")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
