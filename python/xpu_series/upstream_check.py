@@ -1,0 +1,343 @@
+"""`upstream --check`: the proof upstream's CI would ask of an export, run in the
+scratch work tree with no project folder on sys.path."""
+
+from __future__ import annotations
+
+import json
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xpu_series.bytecode import prime
+from xpu_series.git import run_command
+from xpu_series.project import Project
+from xpu_series.upstream_export import Export, Workspace
+from xpu_series.upstream_lint import added_lines, lint_files, load_conventions
+from xpu_series.upstream_tests import imports_of
+
+# Drops every sys.path entry inside the project except the interpreter's own
+# (.venv lives in the checkout), then puts the scratch tree's python/ first.
+_ISOLATE = r"""
+import json, os, sys
+def _inside(path, folder):
+    path, folder = os.path.realpath(path or "."), os.path.realpath(folder)
+    return path == folder or path.startswith(folder + os.sep)
+_project = os.environ.pop("XPU_UPSTREAM_PROJECT")
+sys.path[:] = [os.path.join(os.getcwd(), "python")] + [
+    p for p in sys.path if not _inside(p, _project) or _inside(p, sys.prefix)
+]
+_leaks = [p for p in sys.path[1:]
+          if _inside(p, _project) and not _inside(p, sys.prefix)]
+"""
+
+_PYTEST = (
+    _ISOLATE
+    + r"""
+import pytest
+out, tests = sys.argv[1], sys.argv[2:]
+outcomes = {}
+class Outcomes:
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call" or report.outcome != "passed":
+            kind = report.outcome
+            if report.outcome == "failed" and report.when != "call":
+                kind = "error"
+            if outcomes.get(report.nodeid) in (None, "passed"):
+                outcomes[report.nodeid] = kind
+    def pytest_collectreport(self, report):
+        if report.failed:
+            outcomes[report.nodeid or "<collection>"] = "error"
+code = pytest.main(
+    ["-q", "-p", "no:cacheprovider", "--rootdir", os.getcwd(),
+     "-c", os.environ["XPU_UPSTREAM_INI"], "--confcutdir", os.getcwd(), *tests],
+    plugins=[Outcomes()],
+)
+mod = sys.modules.get("sglang")
+json.dump({"outcomes": outcomes, "exit": int(code), "leaks": _leaks,
+           "sglang": getattr(mod, "__file__", None)}, open(out, "w"))
+"""
+)
+
+_COLLECT = (
+    _ISOLATE
+    + r"""
+from sglang.test.ci.ci_register import collect_tests
+out, files = sys.argv[1], sys.argv[2:]
+try:
+    found = [dict(file=r.filename, backend=r.backend.name, suite=r.effective_suite,
+                  est_time=r.est_time, nightly=r.nightly, disabled=r.disabled)
+             for r in collect_tests(files, sanity_check=True)]
+    json.dump({"registries": found}, open(out, "w"))
+except ValueError as exc:
+    json.dump({"error": str(exc)}, open(out, "w"))
+"""
+)
+
+
+@dataclass
+class StepResult:
+    """One of the five steps of --check."""
+
+    name: str
+    ok: bool
+    summary: str
+    detail: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "step": self.name,
+            "ok": self.ok,
+            "summary": self.summary,
+            "detail": self.detail,
+        }
+
+
+@dataclass
+class CheckResult:
+    """What --check found, step by step, and how long it took."""
+
+    steps: list[StepResult] = field(default_factory=list)
+    without: dict[str, str] = field(default_factory=dict)
+    with_export: dict[str, str] = field(default_factory=dict)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return bool(self.steps) and all(s.ok for s in self.steps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "steps": [s.to_json() for s in self.steps],
+            "without": self.without,
+            "with": self.with_export,
+            "seconds": round(self.seconds, 1),
+            "ok": self.ok,
+        }
+
+
+def _tally(outcomes: dict[str, str]) -> dict[str, int]:
+    out = {"passed": 0, "failed": 0, "error": 0, "skipped": 0}
+    for value in outcomes.values():
+        out[value if value in out else "failed"] += 1
+    return out
+
+
+def describe(outcomes: dict[str, str]) -> str:
+    t = _tally(outcomes)
+    text = f"{t['passed']} passed, {t['failed']} failed"
+    text += f", {t['error']} errors" if t["error"] else ""
+    return text + (f", {t['skipped']} skipped" if t["skipped"] else "")
+
+
+def _python(project: Project, work: Path, script: str, args: list[str]) -> dict:
+    """Run `script` in the work tree with no project folder on sys.path; what it
+    wrote to its JSON file."""
+    with tempfile.TemporaryDirectory(prefix="xpu-upstream-") as tmp:
+        out = Path(tmp) / "out.json"
+        ini = Path(tmp) / "pytest.ini"
+        ini.write_text("[pytest]\n")
+        env = {
+            "XPU_UPSTREAM_PROJECT": str(project.root),
+            "XPU_UPSTREAM_INI": str(ini),
+            # Processes the tests start import sglang from the scratch tree too.
+            "PYTHONPATH": str(work / "python"),
+            "PYTHONNOUSERSITE": "1",
+            "PYTHONDONTWRITEBYTECODE": "1",
+        }
+        ran = run_command(
+            [sys.executable, "-c", script, str(out), *args], cwd=work, env=env
+        )
+        try:
+            data = json.loads(out.read_text())
+        except (OSError, ValueError):
+            data = {}
+        data["log"] = (ran.stdout[-3000:] + ran.stderr[-2000:]).strip()
+        return data
+
+
+def _unexpected_imports(export: Export, allowed: set[str]) -> list[str]:
+    out = []
+    for test in export.tests:
+        bad = sorted(
+            m for m in imports_of(test.text) if m not in allowed and m != "sglang"
+        )
+        out += [f"{test.path} imports {m}" for m in bad]
+    return out
+
+
+def allowed_imports(project: Project) -> set[str]:
+    """The standard library, pytest, and the modules of sglang's own
+    dependencies (what upstream's test environment has)."""
+    from importlib import metadata
+
+    allowed = set(sys.stdlib_module_names) | {"pytest", "_pytest"}
+    requires = set()
+    for dist in ("sglang",):
+        try:
+            requires |= {
+                r.split(";")[0].split("[")[0].split("=")[0].split("<")[0]
+                .split(">")[0].split("!")[0].split("~")[0].strip().lower()
+                for r in metadata.requires(dist) or []
+            }  # fmt: skip
+        except metadata.PackageNotFoundError:
+            pass
+    for module, dists in metadata.packages_distributions().items():
+        if any(d.lower().replace("_", "-") in requires for d in dists):
+            allowed.add(module)
+    # The wheel's Requires-Dist when sglang is not installed as a distribution.
+    allowed |= _wheel_requirements(project)
+    return allowed
+
+
+def _wheel_requirements(project: Project) -> set[str]:
+    import zipfile
+    from importlib import metadata
+
+    wheels = sorted((project.cache_dir / "wheels").glob(f"*/{project.pin.wheel}"))
+    names: set[str] = set()
+    for wheel in wheels[:1]:
+        with zipfile.ZipFile(wheel) as zf:
+            for member in zf.namelist():
+                if member.endswith(".dist-info/METADATA"):
+                    for line in zf.read(member).decode(errors="replace").splitlines():
+                        if line.startswith("Requires-Dist:"):
+                            raw = line.split(":", 1)[1].split(";")[0]
+                            for sep in "[=<>!~ (":
+                                raw = raw.split(sep)[0]
+                            names.add(raw.strip().lower().replace("_", "-"))
+    out = set()
+    for module, dists in metadata.packages_distributions().items():
+        if any(d.lower().replace("_", "-") in names for d in dists):
+            out.add(module)
+    return out
+
+
+def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
+    """The five steps; each one runs even when an earlier one failed, except
+    the tests when the export does not apply."""
+    began = time.monotonic()
+    result = CheckResult()
+    work = Workspace(project, tree)
+    git = work.git
+    # 1. git am onto the pristine tree (plus what the export builds on).
+    work.reset(export.base)
+    am = git.run("am", "-q", "-k", str(export.patch_file), check=False)
+    if not am.ok:
+        git.run("am", "--abort", check=False)
+        result.steps.append(
+            StepResult("apply", False, "git am failed", (am.stderr + am.stdout)[-2000:])
+        )
+        result.seconds = time.monotonic() - began
+        return result
+    base = "pristine upstream" + (
+        f" + {', '.join(export.depends)}" if export.depends else ""
+    )
+    result.steps.append(
+        StepResult("apply", True, f"git am onto {base}: applied, no fuzz")
+    )
+    prime(git, project.cache_dir)
+    tests = export.test_paths
+    # 2. the tests on pristine + tests only: something must fail.
+    in_base = set(git.out("ls-tree", "-r", "--name-only", export.base).splitlines())
+    old = [p for p in export.code if p in in_base]
+    added = [p for p in export.code if p not in in_base]
+    if old:
+        git.run("checkout", export.base, "--", *old)
+    for path in added:
+        (work.root / path).unlink(missing_ok=True)
+    without = _python(project, work.root, _PYTEST, tests)
+    git.run("checkout", "HEAD", "--", *export.code)
+    result.without = without.get("outcomes", {})
+    tally = _tally(result.without)
+    failing = tally["failed"] + tally["error"]
+    result.steps.append(
+        StepResult(
+            "fail-without",
+            failing > 0,
+            f"pristine + tests: {describe(result.without)}"
+            + ("" if failing else ": the tests prove nothing upstream"),
+            "" if failing else without.get("log", ""),
+        )
+    )
+    # 3. the tests on pristine + the whole export: all pass.
+    with_export = _python(project, work.root, _PYTEST, tests)
+    result.with_export = with_export.get("outcomes", {})
+    tally = _tally(result.with_export)
+    passing = tally["passed"] > 0 and not (tally["failed"] or tally["error"])
+    leaks = with_export.get("leaks", []) + without.get("leaks", [])
+    scratch = str(work.root / "python")
+    imported = with_export.get("sglang") or ""
+    isolated = not leaks and imported.startswith(scratch)
+    bad = _unexpected_imports(export, allowed_imports(project))
+    result.steps.append(
+        StepResult(
+            "pass-with",
+            passing and isolated and not bad,
+            f"pristine + export: {describe(result.with_export)}"
+            + ("" if isolated else f"; sys.path not isolated ({leaks or imported})")
+            + (f"; {'; '.join(bad)}" if bad else ""),
+            "" if passing else with_export.get("log", ""),
+        )
+    )
+    # 4. upstream's collector: registered, in a suite that exists.
+    result.steps.append(_collect(project, work.root, tests))
+    # 5. upstream's lint hooks on the exported files: clean.
+    diff = git.run("diff", "-U0", f"{export.base}", "HEAD").stdout
+    lint = lint_files(
+        work.root,
+        [*export.code, *tests, *export.data_paths],
+        project.cache_dir,
+        added_lines(diff),
+    )
+    names = ", ".join(f"{h.id} {h.version}" for h in lint.hooks)
+    result.steps.append(
+        StepResult(
+            "lint",
+            lint.ok,
+            f"{names}: clean"
+            if lint.ok
+            else f"{', '.join(lint.findings)} would change or reject the files",
+            "\n".join(f"[{k}]\n{v}" for k, v in lint.findings.items()),
+        )
+    )
+    result.seconds = time.monotonic() - began
+    return result
+
+
+def _collect(project: Project, work: Path, tests: list[str]) -> StepResult:
+    data = _python(project, work, _COLLECT, tests)
+    if "registries" not in data:
+        return StepResult(
+            "collector",
+            False,
+            "sglang.test.ci.ci_register.collect_tests refused the files",
+            data.get("error") or data.get("log", ""),
+        )
+    suites = load_conventions()["suites"]
+    problems = []
+    seen = {t: 0 for t in tests}
+    for reg in data["registries"]:
+        seen[reg["file"]] = seen.get(reg["file"], 0) + 1
+        backend = reg["backend"].lower()
+        kind = f"{backend}-nightly" if reg["nightly"] else backend
+        if reg["suite"] not in suites.get(kind, []):
+            problems.append(
+                f"{reg['file']}: register_{backend}_ci suite {reg['suite']!r} is not "
+                f"a {kind} suite upstream runs ({', '.join(suites.get(kind, []))})"
+            )
+    for path, count in seen.items():
+        if not count:
+            problems.append(f"{path}: no registration")
+    regs = ", ".join(
+        f"{r['backend'].lower()}:{r['suite']} ({r['est_time']:g} s)"
+        for r in data["registries"]
+    )
+    return StepResult(
+        "collector",
+        not problems,
+        f"collect_tests: {regs}" + ("" if not problems else "; " + "; ".join(problems)),
+        "\n".join(problems),
+    )
