@@ -25,8 +25,8 @@ from typing import Any
 
 from xpu_series import audit_guards, audit_scan
 from xpu_series.audit_effects import CUDA_ONLY_PACKAGES, Effect, effect_of
-from xpu_series.audit_reach import device_module, reached_modules
-from xpu_series.audit_scan import FileScan, RawFinding, scan_source
+from xpu_series.audit_reach import device_module, reached_modules, unimportable
+from xpu_series.audit_scan import CUDA_PACKAGE, FileScan, RawFinding, scan_source
 from xpu_series.audit_source import TreeFiles
 from xpu_series.audit_triage import TriageEntry
 
@@ -208,6 +208,7 @@ class Candidate:
     file: str
     raw: RawFinding
     reached: bool
+    why_unreached: str = ""
 
 
 def candidates(scans: dict[str, FileScan]) -> tuple[list[Candidate], int]:
@@ -215,13 +216,18 @@ def candidates(scans: dict[str, FileScan]) -> tuple[list[Candidate], int]:
     out = []
     for path, scan in sorted(scans.items()):
         device = device_module(scan.module)
+        blocked = unimportable(scan)
         for raw in scan.findings:
+            if blocked and raw.kind != CUDA_PACKAGE:
+                # On XPU the module's import of that package fails first.
+                out.append(Candidate(path, raw, False, f"imports {blocked} first"))
+                continue
             if device and not raw.guard:
                 # Its module serves another device: it runs when that one does.
                 raw = dataclasses.replace(
                     raw, guard=f"a module for {device} (its path says so)"
                 )
-            out.append(Candidate(path, raw, scan.module in reached))
+            out.append(Candidate(path, raw, scan.module in reached, ""))
     return out, len(reached)
 
 
@@ -256,7 +262,9 @@ def judge(
             verdict, reason = HARMLESS, info.what
         elif not cand.reached:
             verdict = UNREACHED
-            reason = "no import path from an XPU server's entry points reaches it"
+            reason = cand.why_unreached or (
+                "no import path from an XPU server's entry points reaches it"
+            )
         elif raw.guard:
             verdict, reason = GUARDED, raw.guard
         elif fixed[identity] > 0:

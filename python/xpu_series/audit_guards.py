@@ -18,6 +18,17 @@ _TRUE_NAMES = re.compile(r"^_*is_xpu$")
 # Device names other than XPU's: a device or platform string equal to one of
 # these is False on XPU.
 OTHER_DEVICES = frozenset({"cuda", "hip", "rocm", "npu", "musa", "mps", "cpu", "hpu"})
+# Backends a user names with a flag (--attention-backend, --moe-runner-backend,
+# --lora-backend, ...) that run only on CUDA, ROCm, NPU or the CPU: an XPU
+# server never has them unless a user asks for a CUDA backend on an Intel GPU.
+# XPU's own are intel_xpu, triton, torch_native, flex_attention and pytorch.
+OTHER_BACKENDS = re.compile(
+    r"^(flashinfer\w*|trtllm\w*|fa3|fa4|flashmla|cutlass\w*|cutedsl\w*|deep_?gemm"
+    r"|deepep\w*|marlin|experimental_sgl_\w+|aiter\w*|wave|ascend\w*|hpc_ops"
+    r"|\w*megamoe|mori\w*|nsa|dsa|qsa|dsv4|minicpm_\w+|intel_amx|lora_cutedsl"
+    r"|lora_marlin|flashkda|nvidia_kda|ptx_kda|humming|cudnn\w*|csgmv"
+    r"|llada2_cfg_flashinfer)$"
+)
 # Attributes of torch that read False on a torch without CUDA compiled in.
 _FALSE_ATTRS = {"torch.version.cuda", "torch.version.hip", "torch.cuda.is_available"}
 _TRUE_ATTRS = {"torch.xpu.is_available"}
@@ -56,6 +67,12 @@ def _device_like(node: ast.AST) -> bool:
     return any(w in text for w in ("device", "platform", "backend_type", ".type"))
 
 
+def backend_like(node: ast.AST) -> bool:
+    """A value that holds a backend a user chose (`server_args.lora_backend`)."""
+    text = (dotted(node.func) if isinstance(node, ast.Call) else dotted(node)) or ""
+    return "backend" in text.lower()
+
+
 def _strings(node: ast.AST) -> list[str] | None:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return [node.value]
@@ -75,6 +92,8 @@ def _compare(node: ast.Compare, env: dict[str, bool | None]) -> bool | None:
     op, left, right = node.ops[0], node.left, node.comparators[0]
     if isinstance(op, (ast.In, ast.NotIn)):
         names = _strings(right)
+        if names and backend_like(left) and all(OTHER_BACKENDS.match(n) for n in names):
+            return isinstance(op, ast.NotIn)
         if names is None or not _device_like(left):
             return None
         if "xpu" in names:
@@ -90,6 +109,9 @@ def _compare(node: ast.Compare, env: dict[str, bool | None]) -> bool | None:
         names = _strings(value)
         if not names or len(names) != 1 or isinstance(value, ast.Tuple):
             continue
+        if backend_like(other) and OTHER_BACKENDS.match(names[0]):
+            chosen = False  # only when a user names a CUDA backend on XPU
+            return chosen if isinstance(op, (ast.Eq, ast.Is)) else (not chosen)
         name = names[0].split(":")[0]
         if name == "cuda" or (name in OTHER_DEVICES and _device_like(other)):
             equal: bool | None = False

@@ -10,6 +10,9 @@ Rules (each has a test in test/unit/test_audit_reach.py):
 - importing `a.b.c` imports the packages `a` and `a.b` too;
 - a string naming an sglang module (a lazy registry, `importlib.import_module`)
   is an edge to it.
+- a module that imports a CUDA-only package at its top (`unimportable`) cannot
+  be imported on XPU: that import is its one finding, the rest are `unreached`,
+  and XPU does not follow its imports;
 - a module of another device (a path component names it: `npu`, `hip`, `rocm`,
   `amd`, `musa`, `mps`, `mindspore`, or is exactly `cuda`/`nvidia`) is only used
   when that device is: XPU does not follow its imports, and its findings are
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 
-from xpu_series.audit_scan import FileScan
+from xpu_series.audit_scan import CUDA_PACKAGE, FileScan
 
 ROOTS = (
     "sglang.launch_server",
@@ -57,6 +60,15 @@ def device_module(module: str) -> str:
     return ""
 
 
+def unimportable(scan: FileScan) -> str:
+    """The CUDA-only package a module imports at its top, unguarded, or "":
+    on XPU importing the module fails there, so nothing after it runs."""
+    for finding in scan.findings:
+        if finding.kind == CUDA_PACKAGE and not finding.guard:
+            return finding.api.removeprefix("import:")
+    return ""
+
+
 def _parents(module: str) -> list[str]:
     parts = module.split(".")
     return [".".join(parts[:i]) for i in range(1, len(parts))]
@@ -79,8 +91,10 @@ def reached_modules(
             continue
         seen.add(module)
         todo.extend(p for p in _parents(module) if p in modules)
-        if device_module(module):
-            continue  # imported on XPU, but its own imports are that device's
+        if device_module(module) or unimportable(modules[module]):
+            # Another device's module: its imports are that device's. A module
+            # that imports a CUDA-only package stops there on XPU.
+            continue
         for edge in modules[module].imports:
             if edge.guarded:
                 continue

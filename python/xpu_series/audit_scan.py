@@ -7,7 +7,7 @@ import gc
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from xpu_series.audit_guards import describe, dotted, xpu_truth
+from xpu_series.audit_guards import OTHER_BACKENDS, describe, dotted, xpu_truth
 
 # Finding kinds (one rule each; the SARIF rule ids are these).
 TORCH_CUDA = "torch-cuda"  # torch.cuda.X referenced or called
@@ -190,6 +190,23 @@ def _local_names(func: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> s
     return names
 
 
+def _registered_backend(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
+    """`name` of a `@register_..._backend("name")` decorator, else ""."""
+    for deco in node.decorator_list:
+        if not (isinstance(deco, ast.Call) and deco.args):
+            continue
+        fname = (dotted(deco.func) or "").rsplit(".", 1)[-1]
+        first = deco.args[0]
+        if (
+            fname.startswith("register")
+            and "backend" in fname
+            and isinstance(first, ast.Constant)
+            and isinstance(first.value, str)
+        ):
+            return first.value
+    return ""
+
+
 def _is_cuda_string(node: ast.AST) -> bool:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value == "cuda" or node.value.startswith("cuda:")
@@ -284,6 +301,19 @@ class _Scanner(ast.NodeVisitor):
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for deco in node.decorator_list:
             self.visit(deco)
+        backend = _registered_backend(node)
+        if backend and OTHER_BACKENDS.match(backend):
+            # A factory registered under a backend's name runs only when a
+            # user names that backend, and this one is not XPU's.
+            self.guards.append(f"the factory of the {backend!r} backend, not XPU's")
+            try:
+                self._function_body(node)
+            finally:
+                self.guards.pop()
+            return
+        self._function_body(node)
+
+    def _function_body(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         args = node.args
         for default in (*args.defaults, *args.kw_defaults):
             # A default is not a use: `device="cuda"` only matters if a caller

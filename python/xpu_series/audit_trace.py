@@ -331,10 +331,9 @@ def record_trace(
     say = say or (lambda _message: None)
     tree = Path(tree).resolve()
     key = trace_key(tree)
-    server_args = tree / "python" / "sglang" / "srt" / "server_args.py"
-    if not server_args.is_file():
+    if not (tree / "python" / "sglang" / "launch_server.py").is_file():
         raise UsageError(
-            f"{tree} is not an sglang tree (no python/sglang/srt/server_args.py)",
+            f"{tree} is not an sglang tree (no python/sglang/launch_server.py)",
             hint="trace a tree made by 'xpu-series apply' (build/sglang or --tree)",
         )
     if not Path(python).is_file():

@@ -470,3 +470,56 @@ def test_platform_forwards_xpu_does_not_take_are_guarded() -> None:
         ("Tensor.cuda", "Op.forward_cuda", True),
         ("torch.cuda.synchronize", "Borrowing.forward_cuda", False),
     ]
+
+
+def test_code_for_a_cuda_backend_a_user_names_is_guarded() -> None:
+    code = """
+    @register_attention_backend("flashinfer")
+    def create_flashinfer_backend(runner):
+        from sglang.srt.layers.attention.flashinfer_backend import Backend
+        return torch.cuda.current_stream()
+
+    @register_attention_backend("intel_xpu")
+    def create_intel_xpu_backend(runner):
+        return torch.cuda.current_stream()
+
+    def pick(server_args):
+        if server_args.lora_backend == "trtllm":
+            torch.cuda.synchronize()
+        if server_args.moe_runner_backend in ("flashinfer_cutlass", "deep_gemm"):
+            torch.cuda.synchronize()
+        if server_args.attention_backend == "triton":
+            torch.cuda.synchronize()
+    """
+    assert found(code) == [
+        ("torch.cuda.current_stream", "create_flashinfer_backend", True),
+        ("torch.cuda.current_stream", "create_intel_xpu_backend", False),
+        ("torch.cuda.synchronize", "pick", True),
+        ("torch.cuda.synchronize", "pick", True),
+        ("torch.cuda.synchronize", "pick", False),
+    ]
+    edges = scan(code).imports
+    assert edges[0].guarded
+
+
+def test_a_module_importing_a_cuda_only_package_stops_there_on_xpu() -> None:
+    from xpu_series.audit import candidates
+
+    files = {
+        "python/sglang/srt/managers/scheduler.py": (
+            "def lazy():\n    from sglang.srt import kernel\n"
+        ),
+        "python/sglang/srt/kernel.py": (
+            "import flashinfer\nfrom sglang.srt import deeper\n"
+            "def run(x):\n    return x.cuda()\n"
+        ),
+        "python/sglang/srt/deeper.py": "",
+    }
+    scanned = scans(files)
+    reached = reached_modules(scanned)
+    assert "sglang.srt.kernel" in reached
+    assert "sglang.srt.deeper" not in reached
+    found_here = {c.raw.api: c for c in candidates(scanned)[0]}
+    assert found_here["import:flashinfer"].reached
+    assert not found_here["Tensor.cuda"].reached
+    assert found_here["Tensor.cuda"].why_unreached == "imports flashinfer first"

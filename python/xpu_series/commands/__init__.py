@@ -26,6 +26,8 @@ VERBS = (
     "range-diff",
     "unregister",
     "overlay",
+    "audit",
+    "upstream",
 )
 
 
