@@ -85,6 +85,8 @@ class Series:
     # Lines that needed normalising (CRLF, trailing blanks): read fine, but
     # refresh rewrites them and check reports them.
     untidy: tuple[str, ...] = ()
+    # Listed, but left out on this release: it starts later (Applies-From).
+    not_yet: tuple[str, ...] = ()
 
     def digest(self) -> str:
         """A hash of the series file and every patch; changes when anything does."""
@@ -97,7 +99,7 @@ class Series:
         return h.hexdigest()
 
     def unlisted(self) -> list[str]:
-        listed = {p.name for p in self.patches}
+        listed = {p.name for p in self.patches} | set(self.not_yet)
         return sorted(
             f.name for f in self.directory.glob("*.patch") if f.name not in listed
         )
@@ -279,7 +281,8 @@ def metadata_problems(series: Series, pin_version: str) -> list[str]:
     problems: list[str] = []
     concerns: dict[str, str] = {}
     pin = version_tuple(pin_version)
-    for patch in series.patches:
+    later = [Patch(PatchName(n), series.directory / n) for n in series.not_yet]
+    for patch in (*series.patches, *later):
         if not patch.exists or patch.retired:
             continue  # a retired patch carried onto an older release is expected
         try:
@@ -361,6 +364,8 @@ def load_series_for(
         return series
     # A patch that fixes code older releases lack starts at its Applies-From.
     patches = [p for p in series.patches if not _starts_after(p, have)]
+    later = tuple(p.name for p in series.patches if _starts_after(p, have))
+    series = dataclasses.replace(series, not_yet=later)
     if have >= pin and not every_retired:
         return dataclasses.replace(series, patches=tuple(patches))
     for path in sorted((directory / RETIRED_DIR).glob("*.patch")):
