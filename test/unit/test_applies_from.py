@@ -1,5 +1,6 @@
 """Applies-From: a patch that fixes code older served releases lack starts at a
-release; apply --upstream, check, the matrix, the overlay export and rebase honour it."""
+release; apply --upstream, check, the matrix, the overlay export and rebase
+honour it."""
 
 from __future__ import annotations
 
