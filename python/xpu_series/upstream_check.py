@@ -3,7 +3,9 @@ scratch work tree with no project folder on sys.path."""
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import sys
 import tempfile
 import time
@@ -33,11 +35,9 @@ _leaks = [p for p in sys.path[1:]
           if _inside(p, _project) and not _inside(p, sys.prefix)]
 """
 
-_PYTEST = (
-    _ISOLATE
-    + r"""
+_PYTEST = _ISOLATE + r"""
 import pytest
-out, tests = sys.argv[1], sys.argv[2:]
+out, collect, tests = sys.argv[1], sys.argv[2] == "collect", sys.argv[3:]
 outcomes = {}
 class Outcomes:
     def pytest_runtest_logreport(self, report):
@@ -56,25 +56,20 @@ code = pytest.main(
     plugins=[Outcomes()],
 )
 mod = sys.modules.get("sglang")
-json.dump({"outcomes": outcomes, "exit": int(code), "leaks": _leaks,
-           "sglang": getattr(mod, "__file__", None)}, open(out, "w"))
-"""
-)
-
-_COLLECT = (
-    _ISOLATE
-    + r"""
-from sglang.test.ci.ci_register import collect_tests
-out, files = sys.argv[1], sys.argv[2:]
-try:
-    found = [dict(file=r.filename, backend=r.backend.name, suite=r.effective_suite,
-                  est_time=r.est_time, nightly=r.nightly, disabled=r.disabled)
-             for r in collect_tests(files, sanity_check=True)]
-    json.dump({"registries": found}, open(out, "w"))
-except ValueError as exc:
-    json.dump({"error": str(exc)}, open(out, "w"))
-"""
-)
+data = {"outcomes": outcomes, "exit": int(code), "leaks": _leaks,
+        "sglang": getattr(mod, "__file__", None)}
+if collect:
+    # Upstream's collector, from the same tree (sglang is imported already).
+    try:
+        from sglang.test.ci.ci_register import collect_tests
+        data["registries"] = [
+            dict(file=r.filename, backend=r.backend.name, suite=r.effective_suite,
+                 est_time=r.est_time, nightly=r.nightly, disabled=r.disabled)
+            for r in collect_tests(tests, sanity_check=True)]
+    except (ImportError, ValueError) as exc:
+        data["collect_error"] = f"{type(exc).__name__}: {exc}"
+json.dump(data, open(out, "w"))
+"""  # fmt: skip
 
 
 @dataclass
@@ -158,6 +153,39 @@ def _python(project: Project, work: Path, script: str, args: list[str]) -> dict:
         return data
 
 
+# Bumped when what a stored run means changes (the runner script, its output).
+_CACHE_FORMAT = "1"
+
+
+def _tests_on(
+    project: Project, work: Workspace, mode: str, tests: list[str]
+) -> dict[str, Any]:
+    """The runner's answer for the work tree's index as it is: from the cache
+    when the same tree, tests and interpreter ran before (a run that produced
+    outcomes only)."""
+    tree_id = work.git.out("write-tree")
+    h = hashlib.sha256()
+    for part in (_CACHE_FORMAT, _PYTEST, sys.executable, sys.version, tree_id, mode):
+        h.update(part.encode() + b"\0")
+    for test in tests:
+        h.update(test.encode() + b"\0")
+    cache = project.cache_dir / "upstream-check"
+    path = cache / f"{h.hexdigest()}.json"
+    try:
+        data = json.loads(path.read_text())
+        data["cached"] = True
+        return data
+    except (OSError, ValueError):
+        pass
+    data = _python(project, work.root, _PYTEST, [mode, *tests])
+    if data.get("outcomes"):
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data))
+        os.replace(tmp, path)
+    return data
+
+
 def _unexpected_imports(export: Export, allowed: set[str]) -> list[str]:
     out = []
     for test in export.tests:
@@ -204,7 +232,7 @@ def _wheel_requirements(project: Project) -> set[str]:
                 if member.endswith(".dist-info/METADATA"):
                     for line in zf.read(member).decode(errors="replace").splitlines():
                         if line.startswith("Requires-Dist:"):
-                            raw = line.split(":", 1)[1].split(";")[0]
+                            raw = line.split(":", 1)[1].split(";")[0].strip()
                             for sep in "[=<>!~ (":
                                 raw = raw.split(sep)[0]
                             names.add(raw.strip().lower().replace("_", "-"))
@@ -246,9 +274,9 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
     added = [p for p in export.code if p not in in_base]
     if old:
         git.run("checkout", export.base, "--", *old)
-    for path in added:
-        (work.root / path).unlink(missing_ok=True)
-    without = _python(project, work.root, _PYTEST, tests)
+    if added:
+        git.run("rm", "-q", "-f", "--", *added)
+    without = _tests_on(project, work, "run", tests)
     git.run("checkout", "HEAD", "--", *export.code)
     result.without = without.get("outcomes", {})
     tally = _tally(result.without)
@@ -263,7 +291,7 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
         )
     )
     # 3. the tests on pristine + the whole export: all pass.
-    with_export = _python(project, work.root, _PYTEST, tests)
+    with_export = _tests_on(project, work, "collect", tests)
     result.with_export = with_export.get("outcomes", {})
     tally = _tally(result.with_export)
     passing = tally["passed"] > 0 and not (tally["failed"] or tally["error"])
@@ -283,7 +311,7 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
         )
     )
     # 4. upstream's collector: registered, in a suite that exists.
-    result.steps.append(_collect(project, work.root, tests))
+    result.steps.append(_collect(with_export, tests))
     # 5. upstream's lint hooks on the exported files: clean.
     diff = git.run("diff", "-U0", f"{export.base}", "HEAD").stdout
     lint = lint_files(
@@ -307,14 +335,14 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
     return result
 
 
-def _collect(project: Project, work: Path, tests: list[str]) -> StepResult:
-    data = _python(project, work, _COLLECT, tests)
+def _collect(data: dict[str, Any], tests: list[str]) -> StepResult:
+    """Judge what upstream's collector said of the exported test files."""
     if "registries" not in data:
         return StepResult(
             "collector",
             False,
             "sglang.test.ci.ci_register.collect_tests refused the files",
-            data.get("error") or data.get("log", ""),
+            data.get("collect_error") or data.get("log", ""),
         )
     suites = load_conventions()["suites"]
     problems = []

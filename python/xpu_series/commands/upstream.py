@@ -1,0 +1,148 @@
+"""upstream: make a carried patch into a ready SGLang pull request under
+build/upstream/<patch>/v<N>/ (one commit with its tests, and pr.md); --check proves
+it the way upstream's CI would, --compare-to N shows what changed since vN,
+--forwarded URL records the pull request in the patch header."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from xpu_series.commands import Context, Output, add_tree
+from xpu_series.errors import UsageError
+from xpu_series.lock import tree_lock
+from xpu_series.result import ExitCode
+from xpu_series.upstream_check import CheckResult, run_check
+from xpu_series.upstream_export import Export, export_patch, find_target
+from xpu_series.upstream_pr import gather, render
+from xpu_series.upstream_revise import check_url, range_diff, record_forwarded
+
+HELP = "export a carried patch as an upstream pull request (--check proves it)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("patch", metavar="PATCH", help="name, stem or number of a patch")
+    p.add_argument(
+        "--check",
+        action="store_true",
+        help="apply the export to pristine upstream and prove it: its tests fail "
+        "without the change and pass with it, upstream's collector and lint hooks",
+    )
+    p.add_argument(
+        "--compare-to",
+        type=int,
+        metavar="N",
+        help="write and print a range-diff of revision vN against this export",
+    )
+    p.add_argument(
+        "--forwarded",
+        metavar="URL",
+        help="record the pull request in the patch header (Forwarded: URL), "
+        "through the tree and refresh",
+    )
+    add_tree(p)
+
+
+def execute(ctx: Context) -> Output:
+    args = ctx.args
+    if args.forwarded is not None:
+        check_url(args.forwarded)
+    if args.compare_to is not None and args.compare_to < 1:
+        raise UsageError(
+            f"--compare-to {args.compare_to}: revisions are numbered from 1",
+            hint="name a revision as in build/upstream/<patch>/vN",
+        )
+    project = ctx.project()
+    tree = ctx.tree(project)
+    work = project.build_dir / "upstream" / ".work"
+    with tree_lock(work, "upstream"):
+        if args.forwarded is not None:
+            return _forward(ctx, args.patch, args.forwarded)
+        if ctx.progress:
+            ctx.say(f"exporting {args.patch} ...")
+        export = export_patch(project, tree, args.patch)
+        check = None
+        if args.check:
+            if ctx.progress:
+                ctx.say(f"checking {export.folder} ...")
+            check = run_check(project, export, tree)
+            (export.folder / "check.json").write_text(
+                json.dumps(check.to_json(), indent=2, sort_keys=True) + "\n"
+            )
+        pr = render(project, export, gather(project, export, tree))
+        pr_path = export.folder / "pr.md"
+        pr_changed = not pr_path.is_file() or pr_path.read_text() != pr
+        pr_path.write_text(pr)
+        compared = None
+        if args.compare_to is not None:
+            compared = range_diff(project, export, args.compare_to)
+    return _render(export, check, pr_changed, compared, args.compare_to)
+
+
+def _forward(ctx: Context, word: str, url: str) -> Output:
+    project = ctx.project()
+    tree = ctx.tree(project)
+    target = find_target(project, tree, word)
+    changed = record_forwarded(project, tree, target, url)
+    out = Output(data={"patch": target.patch.name, "forwarded": url,
+                       "changed": changed})  # fmt: skip
+    if changed:
+        out.out.append(
+            f"{target.patch.name}: Forwarded: {url} (in the tree's commit; "
+            "patches/ refreshed)"
+        )
+    else:
+        out.out.append(f"{target.patch.name}: already Forwarded: {url}")
+    return out
+
+
+def _render(
+    export: Export,
+    check: CheckResult | None,
+    pr_changed: bool,
+    compared: tuple[object, str] | None,
+    old: int | None,
+) -> Output:
+    data = export.to_json()
+    data["pr"] = str(export.folder / "pr.md")
+    out = Output(data=data)
+    stem = export.target.stem
+    state = "new revision" if export.new else "unchanged since the last export, kept"
+    out.out.append(f"{stem}: v{export.revision} ({state}): {export.folder}")
+    out.out.append(f"  patch: {export.patch_file.name}")
+    out.out.append(
+        f"  pr.md: {export.folder / 'pr.md'}"
+        + (" (updated)" if pr_changed and not export.new else "")
+    )
+    if export.depends:
+        out.out.append(f"  builds on: {', '.join(export.depends)}")
+    for test in export.tests:
+        for module, names in test.inlined:
+            out.out.append(f"  {test.path}: inlined {', '.join(names)} from {module}")
+        for dropped in test.dropped:
+            out.out.append(f"  {test.path}: left out {dropped}")
+    if compared is not None:
+        path, text = compared
+        data["range_diff"] = {"file": str(path), "text": text}
+        out.out.append(f"range-diff v{old}..v{export.revision} ({path}):")
+        out.out.append(text.rstrip() or "  (no difference)")
+    if check is not None:
+        data["check"] = check.to_json()
+        out.out.append(f"check of v{export.revision} ({check.seconds:.0f}s):")
+        for step in check.steps:
+            out.out.append(f"  {'ok  ' if step.ok else 'FAIL'} {step.name}: "
+                           f"{step.summary}")  # fmt: skip
+            if not step.ok and step.detail:
+                out.out += [f"       {line}" for line in step.detail.splitlines()]
+        if check.ok:
+            out.out.append(f"ok: {stem} v{export.revision} is ready for upstream")
+        else:
+            failed = [s.name for s in check.steps if not s.ok]
+            out.error(
+                f"{stem} v{export.revision} fails upstream's checks: "
+                + ", ".join(failed),
+                "fix the commit in the tree (or its tests), refresh, and run "
+                f"'xpu-series upstream {stem[:4]} --check' again",
+            )
+            out.code = ExitCode.FAILED
+    return out
