@@ -513,6 +513,15 @@ def execute(ctx: Context) -> Output:
         if gone:
             out.out += ["", *gone]
     out.out += [f"note: {d}" for d in matrix.disagreements]
+    # DEP-3's Forwarded: the upstream pull request a carried patch was sent as.
+    forwarded = {
+        p.name: p.header.get("Forwarded")
+        for p in project.series().patches
+        if p.exists and p.header.get("Forwarded")
+    }
+    out.out += [f"forwarded: {name} {url}" for name, url in forwarded.items()]
+    if forwarded:
+        out.data = {**(out.data or {}), "forwarded": forwarded}
     for version, report in matrix.reports.items():
         out.err += [f"error: {version}: {p}" for p in report.problems]
     out.err += [f"error: {e}" for e in matrix.errors]

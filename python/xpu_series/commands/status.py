@@ -169,7 +169,10 @@ def _status(project: Project, tree: Path) -> TreeStatus:
             state, commit = "absorbed", ""
         else:
             state, commit = "pending", ""
-        status.patches.append({"name": patch.name, "status": state, "commit": commit})
+        entry = {"name": patch.name, "status": state, "commit": commit}
+        # DEP-3's Forwarded: the upstream pull request (`xpu-series upstream`).
+        entry["forwarded"] = patch.header.get("Forwarded") if patch.exists else ""
+        status.patches.append(entry)
     status.unexported_commits = [
         f"{sha[:12]} {subject}"
         for subject, sha in by_subject.items()
@@ -235,6 +238,11 @@ def execute(ctx: Context) -> Output:
     lines.append(f"tree: {status.tree} on sglang {up['version']} ({up['commit'][:12]})")
     rows = [[p["name"], p["status"], p["commit"][:12]] for p in status.patches]
     lines.append(table(["patch", "status", "commit"], rows))
+    lines += [
+        f"forwarded: {p['name']} {p['forwarded']}"
+        for p in status.patches
+        if p.get("forwarded")
+    ]
     lines += [f"local edit: {line}" for line in status.local_edits]
     if status.operation:
         return out  # the tree is mid-operation: only --continue/--abort apply

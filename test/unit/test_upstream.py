@@ -1,0 +1,321 @@
+"""xpu-series upstream on a synthetic project: exports, bad input, revisions,
+--compare-to, --forwarded and --check (pytest and upstream's hooks for real)."""
+
+from __future__ import annotations
+
+import ast
+import os
+from pathlib import Path
+
+import pytest
+from conftest import BASE_FILES, Project, build_wheel, git, wheel_name, write_pin
+
+from xpu_series.cli import main
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# A stand-in for upstream's sglang/test/ci/ci_register.py: markers that do
+# nothing, and a collector that reads module-level calls by AST.
+CI_REGISTER = """\
+import ast
+from dataclasses import dataclass
+from enum import Enum
+
+
+class HWBackend(Enum):
+    CPU = 1
+
+
+@dataclass
+class CIRegistry:
+    backend: HWBackend
+    filename: str
+    est_time: float
+    effective_suite: str
+    nightly: bool = False
+    disabled: str = None
+
+
+def register_cpu_ci(est_time, suite=None, nightly=False, disabled=None):
+    return None
+
+
+def collect_tests(files, sanity_check=True):
+    found = []
+    for name in files:
+        tree = ast.parse(open(name).read())
+        calls = [
+            n.value for n in tree.body
+            if isinstance(n, ast.Expr) and isinstance(n.value, ast.Call)
+            and getattr(n.value.func, "id", "") == "register_cpu_ci"
+        ]
+        if not calls:
+            raise ValueError(f"No CI registry found in {name}")
+        if not any(isinstance(n, ast.If) for n in tree.body):
+            raise ValueError(f"{name}: missing main entry")
+        for call in calls:
+            kw = {k.arg: k.value.value for k in call.keywords}
+            found.append(CIRegistry(HWBackend.CPU, name, kw["est_time"], kw["suite"]))
+    return found
+"""
+
+HELPERS = '''\
+"""Helpers the project's tests share (not part of upstream)."""
+
+ANSWER = 42
+
+
+def expected() -> int:
+    """What the fixed function returns."""
+    return ANSWER
+'''
+
+TEST = '''\
+"""answer() answers 42."""
+
+import sys
+import unittest
+from pathlib import Path
+
+from sglang.srt import other
+from sglang.test.ci.ci_register import register_cpu_ci
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import expected  # noqa: E402
+
+register_cpu_ci(est_time=1, suite="base-a-test-cpu")
+
+# Only the slow class reads this.
+SLOW_LIMIT = 3
+
+
+class TestAnswer(unittest.TestCase):
+    def test_answer(self):
+        self.assertEqual(other.answer(), expected())
+
+
+class TestSlowServer(unittest.TestCase):
+    def test_limit(self):
+        self.assertLess(other.answer(), SLOW_LIMIT * 100)
+
+
+if __name__ == "__main__":
+    unittest.main()
+'''
+
+TEST_PATH = "test/registered/unit/srt/test_answer.py"
+FIXED = "def answer():\n    return 42\n"
+
+
+@pytest.fixture
+def hooks_cache() -> Path:
+    """Upstream's hooks, installed once into this checkout's cache (pip)."""
+    return ROOT / "build" / "cache" / "upstream-hooks"
+
+
+@pytest.fixture
+def up(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], hooks_cache: Path
+) -> Project:
+    """A project whose wheel has a ci_register stand-in, and one patch whose
+    test imports a project helper."""
+    root = tmp_path / "proj"
+    root.mkdir()
+    files = dict(BASE_FILES)
+    files["sglang/test/__init__.py"] = ""
+    files["sglang/test/ci/__init__.py"] = ""
+    files["sglang/test/ci/ci_register.py"] = CI_REGISTER
+    wheel = tmp_path / wheel_name("0.0.1")
+    sha = build_wheel(wheel, files)
+    write_pin(root, "0.0.1", sha)
+    (root / "patches" / "series").write_text("# test series\n")
+    hooks_cache.mkdir(parents=True, exist_ok=True)
+    (root / "build" / "cache").mkdir(parents=True)
+    os.symlink(hooks_cache, root / "build" / "cache" / "upstream-hooks")
+
+    def run(*args: str):
+        from conftest import Result
+
+        capsys.readouterr()
+        code = main(["-C", str(root), *args])
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    proj = Project(root, wheel, sha, run)
+    assert run("fetch", "--wheel", str(wheel)).code == 0
+    assert run("apply").code == 0
+    (root / "test/registered/unit/srt").mkdir(parents=True)
+    (root / "test/registered/unit/helpers.py").write_text(HELPERS)
+    (root / TEST_PATH).write_text(TEST)
+    proj.add_patch(
+        "python/sglang/srt/other.py",
+        FIXED,
+        "[XPU] Fix the answer",
+        Tests=TEST_PATH,
+        Fast_Tests=f"{TEST_PATH}::TestAnswer",
+    )
+    return proj
+
+
+def _v(project: Project, n: int) -> Path:
+    return project.root / "build/upstream/0001-fix-the-answer" / f"v{n}"
+
+
+def _exported_test(project: Project, n: int) -> str:
+    patch = next(_v(project, n).glob("0001-*.patch")).read_text()
+    start = patch.index(f"+++ b/{TEST_PATH}")
+    body = patch[start:].split("\ndiff --git", 1)[0].splitlines()[2:]
+    return "\n".join(line[1:] for line in body if line.startswith("+")) + "\n"
+
+
+def test_export_is_one_self_contained_commit(up: Project) -> None:
+    result = up.run("upstream", "0001")
+    assert result.code == 0, result.err
+    folder = _v(up, 1)
+    patch = next(folder.glob("0001-*.patch")).read_text()
+    assert "Subject: [XPU] Fix the answer" in patch
+    assert "+++ b/python/sglang/srt/other.py" in patch
+    # Downstream bookkeeping stays home.
+    assert "Concern:" not in patch and "Tests:" not in patch
+    text = _exported_test(up, 1)
+    tree = ast.parse(text)
+    modules = {
+        n.module if isinstance(n, ast.ImportFrom) else a.name
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Import | ast.ImportFrom)
+        for a in n.names
+    }
+    assert "helpers" not in modules and "sys" not in modules
+    assert "def expected()" in text and "ANSWER = 42" in text
+    # The class outside Fast-Tests is left out, with what only it read.
+    assert "TestSlowServer" not in text and "SLOW_LIMIT" not in text
+    assert "left out TestSlowServer" in result.out
+    # Formatted by upstream's hooks: sglang is first-party for isort.
+    assert "import unittest\n\nfrom sglang.srt import other\n" in text
+    pr = (folder / "pr.md").read_text()
+    for heading in ("## Motivation", "## Modifications", "## Accuracy Tests",
+                    "## Speed Tests and Profiling", "## Checklist"):  # fmt: skip
+        assert heading in pr
+    assert pr.startswith("# [XPU] Fix the answer\n")
+    assert "no cached result" in pr  # verify never ran here: said so
+
+
+def test_unchanged_export_keeps_its_revision_and_a_change_bumps_it(
+    up: Project,
+) -> None:
+    assert up.run("upstream", "0001").code == 0
+    again = up.run("upstream", "0001")
+    assert "v1 (unchanged" in again.out
+    assert not _v(up, 2).exists()
+    test = up.root / TEST_PATH
+    test.write_text(test.read_text().replace("answer() answers 42", "It is 42"))
+    bumped = up.run("upstream", "0001", "--compare-to", "1")
+    assert bumped.code == 0, bumped.err
+    assert "v2 (new revision)" in bumped.out
+    diff = up.root / "build/upstream/0001-fix-the-answer/range-diff-v1-v2.txt"
+    text = diff.read_text()
+    assert "It is 42" in text and "answer() answers 42" in text
+    assert text.strip() in bumped.out
+
+
+def test_compare_to_a_missing_revision_is_usage(up: Project) -> None:
+    result = up.run("upstream", "0001", "--compare-to", "7")
+    assert result.code == 2
+    assert "no revision v7" in result.err and "v1" in result.err
+
+
+def test_unknown_patch_lists_the_exportable_ones(up: Project) -> None:
+    result = up.run("upstream", "0042")
+    assert result.code == 2
+    assert "no carried patch is called '0042'" in result.err
+    assert "exportable: 0001-fix-the-answer" in result.err
+
+
+def test_retired_patch_is_refused(up: Project) -> None:
+    retired = up.patches / "upstreamed" / "0009-old-fix.patch"
+    retired.parent.mkdir()
+    retired.write_text((up.patches / "0001-fix-the-answer.patch").read_text())
+    result = up.run("upstream", "9")
+    assert result.code == 2
+    assert "0009-old-fix.patch is retired" in result.err
+    assert "exportable: 0001-fix-the-answer" in result.err
+
+
+def test_a_patch_without_tests_is_refused(up: Project) -> None:
+    up.add_patch("python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise it")
+    result = up.run("upstream", "0002")
+    assert result.code == 1
+    assert "0002-raise-it.patch names no tests" in result.err
+    assert "hint:" in result.err
+
+
+def test_missing_test_files_are_named(up: Project) -> None:
+    up.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise it",
+        Tests="test/registered/unit/srt/test_gone.py",
+    )  # fmt: skip
+    result = up.run("upstream", "0002")
+    assert result.code == 1
+    assert "test/registered/unit/srt/test_gone.py" in result.err
+
+
+def test_a_dirty_tree_is_refused(up: Project) -> None:
+    (up.tree / "python/sglang/srt/flags.py").write_text("VALUE = 3\n")
+    result = up.run("upstream", "0001")
+    assert result.code == 1
+    assert "uncommitted edits" in result.err
+    assert "hint: commit them" in result.err and "a test follows" in result.err
+
+
+@pytest.mark.parametrize(
+    "url", ["not-a-url", "ftp://x.org/pull/1", "https://github.com", "https:// x/1"]
+)
+def test_a_malformed_forwarded_url_is_usage(up: Project, url: str) -> None:
+    before = (up.patches / "0001-fix-the-answer.patch").read_bytes()
+    result = up.run("upstream", "0001", "--forwarded", url)
+    assert result.code == 2
+    assert "is not the address of a pull request" in result.err
+    assert (up.patches / "0001-fix-the-answer.patch").read_bytes() == before
+
+
+def test_forwarded_goes_through_the_tree_and_refresh(up: Project) -> None:
+    up.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise it",
+        Tests=TEST_PATH,
+    )  # fmt: skip
+    url = "https://github.com/sgl-project/sglang/pull/4242"
+    result = up.run("upstream", "0001", "--forwarded", url)
+    assert result.code == 0, result.err
+    patch = (up.patches / "0001-fix-the-answer.patch").read_text()
+    assert f"Forwarded: {url}\n" in patch
+    message = git(up.tree, "log", "-1", "--format=%B", "HEAD^")
+    assert f"Forwarded: {url}" in message
+    # The patch above it is unchanged, and patches/ is what refresh writes.
+    assert "Forwarded" not in (up.patches / "0002-raise-it.patch").read_text()
+    assert up.run("refresh", "--check").code == 0
+    status = up.run("status")
+    assert url in status.out
+    again = up.run("upstream", "0001", "--forwarded", url)
+    assert "already Forwarded" in again.out
+
+
+def test_check_proves_the_export(up: Project) -> None:
+    result = up.run("upstream", "0001", "--check")
+    assert result.code == 0, result.out + result.err
+    for step in ("apply", "fail-without", "pass-with", "collector", "lint"):
+        assert f"ok   {step}" in result.out
+    assert "pristine + tests: 0 passed, 1 failed" in result.out
+    assert "pristine + export: 1 passed, 0 failed" in result.out
+    pr = (_v(up, 1) / "pr.md").read_text()
+    assert "| upstream + the new tests only | 0 passed, 1 failed |" in pr
+    assert "- [x] Formatted and linted" in pr
+
+
+def test_tests_that_pass_on_pristine_fail_the_check(up: Project) -> None:
+    test = up.root / TEST_PATH
+    test.write_text(test.read_text().replace("expected())", "other.answer())"))
+    result = up.run("upstream", "0001", "--check")
+    assert result.code == 1
+    assert "FAIL fail-without" in result.out
+    assert "the tests prove nothing upstream" in result.out
+    assert "fails upstream's checks: fail-without" in result.err
