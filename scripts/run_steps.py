@@ -125,6 +125,14 @@ STEPS: tuple[Step, ...] = (
          "audit: no exposed CUDA-only finding on the patched tree (--check); the "
          "pristine pin's report; SARIF; the known bugs found in real releases",
          sh(AUDIT), "tool"),
+    Step("upstream-check",
+         "upstream --check: each carried patch exports as an upstream pull request "
+         "that fails without it, passes with it, registers and lints clean",
+         sh("rc=0\n"
+            "for p in $(grep -v '^#' patches/series); do\n"
+            "  .venv/bin/xpu-series upstream \"${p%.patch}\" --check || rc=1\n"
+            "done\n"
+            "exit $rc"), "tool"),
     # The serving lane: real servers, real installs, real releases.
     Step("standin-suite",
          "XPU chunked-prefill suite on the CPU stand-in (real SGLang servers; see "
