@@ -25,8 +25,10 @@ it reached; only its last half second of repeat counts can be missing.
 
 The hook imports only the standard library, never raises into the traced
 program, and chains to any other sitecustomize further down sys.path.
-Known side effect: a warning that torch.cuda raises with stacklevel=2 names this
-file instead of sglang's.
+Known side effects, none of which the stand-in's runs meet: a warning torch.cuda
+raises with stacklevel=2 names this file instead of sglang's; and torch.compile,
+where it would inline a torch.cuda function it has no rule for, inlines the
+wrapper and stops at sys._getframe (a graph break; an error with fullgraph=True).
 """
 
 from __future__ import annotations
