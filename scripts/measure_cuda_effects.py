@@ -383,7 +383,7 @@ def disagreements(measured: dict[str, dict[str, Outcome]]) -> list[str]:
         for mode, committed in (("here", evidence.here), ("xpu", evidence.xpu)):
             outcome = measured[mode].get(api)
             if outcome is None:
-                lines.append(f"{api}: no probe in scripts/measure_cuda_effects.py")
+                lines.append(f"{api} ({mode}): not measured; hint: add it to PROBES")
             elif outcome.signature != committed:
                 lines.append(
                     f"{api} ({mode}): table says '{committed}', measured "
