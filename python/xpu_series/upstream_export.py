@@ -3,6 +3,7 @@ layout (code plus self-contained tests), numbered revisions under build/upstream
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -18,7 +19,7 @@ from xpu_series.project import Project
 from xpu_series.result import ExitCode
 from xpu_series.series import Patch
 from xpu_series.tree import UPSTREAM_TAG, read_record
-from xpu_series.upstream_lint import format_files
+from xpu_series.upstream_lint import added_lines, format_files
 from xpu_series.upstream_tests import ExportedTest, ExportError, export_test
 
 # Why a Tests: class that is not in Fast-Tests stays out of upstream's unit/.
@@ -64,6 +65,8 @@ class Export:
     depends: list[str] = field(default_factory=list)
     code: list[str] = field(default_factory=list)
     tests: list[ExportedTest] = field(default_factory=list)
+    # Where the code change lands: `file: Class.function` (or `file: module`).
+    functions: list[str] = field(default_factory=list)
 
     @property
     def test_paths(self) -> list[str]:
@@ -84,6 +87,7 @@ class Export:
             "data": self.data_paths,
             "inlined": {t.path: [list(i) for i in t.inlined] for t in self.tests},
             "dropped": {t.path: t.dropped for t in self.tests},
+            "functions": self.functions,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -326,12 +330,12 @@ def export_patch(project: Project, tree: Path, word: str) -> Export:
     target = find_target(project, tree, word)
     work = Workspace(project, tree)
     work.sync()
-    tree_git_ = Git(tree)
+    source = Git(tree)
     carried = project.series().patches
     before = []
-    commits = tree_git_.out("rev-list", "--reverse", f"{UPSTREAM_TAG}..HEAD").split()
+    commits = source.out("rev-list", "--reverse", f"{UPSTREAM_TAG}..HEAD").split()
     for patch in carried[: target.index - 1]:
-        sha = _commit_of(tree_git_, patch, commits)
+        sha = _commit_of(source, patch, commits)
         if sha:
             before.append((patch.name, sha))
     base, depends = build_base(work, target, before)
@@ -350,7 +354,7 @@ def export_patch(project: Project, tree: Path, word: str) -> Export:
     for test in tests:
         test.text = (work.root / test.path).read_text(encoding="utf-8")
     git.run("add", "--", *written)
-    work.commit(commit_message(target.header), _author(tree_git_, target.commit))
+    work.commit(commit_message(target.header), _author(source, target.commit))
     folder = project.build_dir / "upstream" / target.stem
     staging = folder / ".new"
     shutil.rmtree(staging, ignore_errors=True)
@@ -370,11 +374,43 @@ def export_patch(project: Project, tree: Path, word: str) -> Export:
         os.replace(staging, out)
     patch_file = out / made.name
     export = Export(target, out, revision, not same, patch_file, base, depends, code,
-                    tests)  # fmt: skip
+                    tests, changed_functions(git, base, code))  # fmt: skip
     (out / "export.json").write_text(
         json.dumps(export.meta(), indent=2, sort_keys=True) + "\n"
     )
     return export
+
+
+def changed_functions(git: Git, base: str, paths: list[str]) -> list[str]:
+    """`file: Class.function` for each function whose lines the change adds to
+    (`file: module` for lines outside any function)."""
+    diff = git.run("diff", "-U0", base, "HEAD", "--", *paths).stdout
+    out: list[str] = []
+    for path, lines in sorted(added_lines(diff).items()):
+        if not path.endswith(".py"):
+            continue
+        tree = ast.parse((git.repo / path).read_text(encoding="utf-8"))
+        spans = _function_spans(tree, "")
+        for line in sorted(lines):
+            inner = [s for s in spans if s[0] <= line <= s[1]]
+            name = min(inner, key=lambda s: s[1] - s[0])[2] if inner else "module"
+            label = f"{Path(path).name}: {name}"
+            if label not in out:
+                out.append(label)
+    return out
+
+
+def _function_spans(node: ast.AST, prefix: str) -> list[tuple[int, int, str]]:
+    """(first line, last line, qualified name) of every function below `node`."""
+    spans: list[tuple[int, int, str]] = []
+    for child in ast.iter_child_nodes(node):
+        if isinstance(child, ast.ClassDef):
+            spans += _function_spans(child, f"{prefix}{child.name}.")
+        elif isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef):
+            name = f"{prefix}{child.name}"
+            spans.append((child.lineno, child.end_lineno or child.lineno, name))
+            spans += _function_spans(child, f"{name}.")
+    return spans
 
 
 def _same_patch(previous: Path, made: Path) -> bool:

@@ -125,23 +125,29 @@ def _paragraphs(text: str) -> list[str]:
 
 
 def _speed(export: Export) -> str:
-    """Whether the change can affect speed, from where it is."""
+    """Whether the change can affect speed, from where it lands."""
     code = export.code
+    where = ", ".join(f"`{f}`" for f in export.functions) or "(no Python code)"
     if all(p.startswith("python/sglang/test/") for p in code):
         return (
             "Not affected: the change is in the test harness "
-            f"({', '.join(f'`{p}`' for p in code)}), which no server imports."
+            f"({where}), which no server imports."
         )
     if all("/arg_groups/" in p or p.endswith("server_args.py") for p in code):
         return (
-            "Not affected: argument resolution runs once, when the server starts; "
-            "no step of a request runs the changed code."
+            f"Not affected: the change is in argument resolution ({where}), which "
+            "runs once when the server starts, never during a request."
+        )
+    names = [f.split(": ", 1)[1] for f in export.functions]
+    if names and all(n.endswith("__init__") for n in names):
+        return (
+            f"Not affected: the change is in constructors ({where}), which run "
+            "once when the object is built, never during a request."
         )
     return (
-        "Not measured. The change is in "
-        + ", ".join(f"`{p}`" for p in code)
-        + "; it adds no work to a request's step (see Modifications for where it "
-        "runs)."
+        f"Not measured. The changed code is in {where}; if a reviewer expects "
+        "any of it on a request's path, `python -m sglang.benchmark."
+        "offline_throughput` before and after is the measurement to ask for."
     )
 
 
@@ -170,10 +176,10 @@ def render(project: Project, export: Export, evidence: Evidence) -> str:
     lines += [f"- `{p}`" for p in export.code]
     for test in export.tests:
         lines.append(f"- `{test.path}` (new): registered for CPU CI")
-        for module, names in test.inlined:
+        for _module, names in test.inlined:
             lines.append(
-                f"  - carries {', '.join(f'`{n}`' for n in names)} itself (a "
-                f"helper of ours, `{module}.py`, not part of upstream)"
+                f"  - defines {', '.join(f'`{n}`' for n in names)} itself: it "
+                "imports only sglang, the standard library and unittest"
             )
         for dropped in test.dropped:
             lines.append(f"  - leaves out `{dropped}`")

@@ -45,7 +45,9 @@ def _patch_of(folder: Path) -> Path:
     return found[0]
 
 
-def range_diff(project: Project, export: Export, old: int) -> tuple[Path, str]:
+def range_diff(
+    project: Project, export: Export, old: int, tree: Path
+) -> tuple[Path, str]:
     """`git range-diff` of revision `old` against the export's; written beside
     the revisions and returned."""
     folder = export.folder.parent
@@ -56,7 +58,7 @@ def range_diff(project: Project, export: Export, old: int) -> tuple[Path, str]:
             f"(it has {', '.join(f'v{n}' for n in have)})",
             hint="name one of those with --compare-to",
         )
-    work = Workspace(project, Path())
+    work = Workspace(project, tree)
     git = work.git
     commits = []
     for number in (old, export.revision):

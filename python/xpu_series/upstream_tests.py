@@ -69,27 +69,24 @@ def _used(node: ast.AST) -> set[str]:
     return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
 
 
-def _stdlib_or_installed(module: str) -> bool:
+def _stdlib_or_installed(module: str, root: Path) -> bool:
+    """Whether `module` is the standard library, sglang, or an installed
+    package (not one of the project's own, such as xpu_series)."""
+    import importlib.util
+
     top = module.split(".")[0]
     if top in sys.stdlib_module_names or top == "sglang":
         return True
-    import importlib.util
-
     try:
-        return importlib.util.find_spec(top) is not None and not _is_project(top)
+        spec = importlib.util.find_spec(top)
     except (ImportError, ValueError):
         return False
-
-
-_PROJECT_ROOTS: list[Path] = []
-
-
-def _is_project(top: str) -> bool:
-    import importlib.util
-
-    spec = importlib.util.find_spec(top)
     origin = Path(spec.origin).resolve() if spec and spec.origin else None
-    return origin is not None and any(root in origin.parents for root in _PROJECT_ROOTS)
+    if origin is None:
+        return spec is not None
+    venv = Path(sys.prefix).resolve()
+    inside = root.resolve() in origin.parents and venv not in origin.parents
+    return not inside
 
 
 def find_helper(root: Path, module: str) -> Path | None:
@@ -200,7 +197,6 @@ def export_test(
 ) -> ExportedTest:
     """`rel` made self-contained: project helpers inlined, test classes outside
     `keep` dropped (with `reason`), and what only the removed code used."""
-    _PROJECT_ROOTS[:] = [root.resolve()]
     source = (root / rel).read_text(encoding="utf-8")
     try:
         tree = ast.parse(source)
@@ -228,7 +224,7 @@ def export_test(
             inline.setdefault(helper, set()).update(a.name for a in node.names)
             removed.append(s)
         elif isinstance(node, ast.Import) and any(
-            not _stdlib_or_installed(a.name) and find_helper(root, a.name)
+            not _stdlib_or_installed(a.name, root) and find_helper(root, a.name)
             for a in node.names
         ):
             helper_modules += [a.asname or a.name for a in node.names]
@@ -272,7 +268,7 @@ def export_test(
 
 
 def _helper_of(root: Path, node: ast.ImportFrom) -> Path | None:
-    if node.level or not node.module or _stdlib_or_installed(node.module):
+    if node.level or not node.module or _stdlib_or_installed(node.module, root):
         return None
     return find_helper(root, node.module)
 

@@ -75,7 +75,7 @@ def execute(ctx: Context) -> Output:
         pr_path.write_text(pr)
         compared = None
         if args.compare_to is not None:
-            compared = range_diff(project, export, args.compare_to)
+            compared = range_diff(project, export, args.compare_to, tree)
     return _render(export, check, pr_changed, compared, args.compare_to)
 
 
