@@ -237,6 +237,10 @@ class _Scanner(ast.NodeVisitor):
         self.cuda_aliases: dict[str, str] = {}  # `from torch import cuda` and kin
         self.findings: list[RawFinding] = []
         self.imports: list[ImportEdge] = []
+        # (private name, the function using it, guarded there) and each
+        # function's qualified name by its own name.
+        self.refs: list[tuple[str, str, bool]] = []
+        self.defined: dict[str, list[str]] = {}
 
     # --- bookkeeping -------------------------------------------------------
     def add(self, node: ast.AST, api: str, kind: str) -> None:
@@ -321,6 +325,7 @@ class _Scanner(ast.NodeVisitor):
             if default is not None and not _is_cuda_string(default):
                 self.visit(default)
         self.scope.append(node.name)
+        self.defined.setdefault(node.name, []).append(".".join(self.scope))
         self.locals.append(node)
         self.functions += 1
         try:
@@ -466,8 +471,9 @@ class _Scanner(ast.NodeVisitor):
         for alias in node.names:
             if alias.name == "torch" and alias.asname:
                 self.torch_aliases.add(alias.asname)
-            if alias.name == "torch.cuda" and alias.asname:
-                self.cuda_aliases[alias.asname] = "torch.cuda"
+            if alias.name.startswith("torch.cuda") and alias.asname:
+                # `import torch.cuda.nvtx as nvtx`: nvtx.x is torch.cuda.nvtx.x
+                self.cuda_aliases[alias.asname] = alias.name
             self._package_import(node, alias.name.split(".")[0])
             if alias.name.startswith("sglang"):
                 self._edge([alias.name])
@@ -499,8 +505,14 @@ class _Scanner(ast.NodeVisitor):
                 return True
         return False
 
+    def _refer(self, name: str) -> None:
+        """A use of a private function or method: who uses it, and guarded?"""
+        self.refs.append((name, ".".join(self.scope), bool(self.guards)))
+
     def visit_Name(self, node: ast.Name) -> None:
         name = node.id
+        if name[:1] == "_" and isinstance(node.ctx, ast.Load):
+            self._refer(name)
         if name not in self.cuda_aliases and name not in self.cuda_names:
             return
         if not isinstance(node.ctx, ast.Load) or self._shadowed(name):
@@ -511,6 +523,12 @@ class _Scanner(ast.NodeVisitor):
             self.add(node, f"guarded-import:{node.id}", GUARDED_IMPORT)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
+        if (
+            node.attr[:1] == "_"
+            and isinstance(node.value, ast.Name)
+            and node.value.id in ("self", "cls")
+        ):
+            self._refer(node.attr)
         name = dotted(node)
         if name is not None and isinstance(node.ctx, ast.Load):
             head, _, rest = name.partition(".")
@@ -613,4 +631,49 @@ def scan_source(
             gc.enable()
     scanner = _Scanner(module, package, cuda_packages)
     scanner.visit(tree)
-    return FileScan(module, scanner.findings, scanner.imports)
+    return FileScan(module, _called_only_guarded(scanner), scanner.imports)
+
+
+def _called_only_guarded(scanner: _Scanner) -> list[RawFinding]:
+    """Findings of private helpers that only guarded code uses are guarded too.
+
+    A private function or method (`_name`) is private to its module: when every
+    use of it there (a call, or any other reference) is guarded, or sits in a
+    helper that is, XPU never runs it. Repeated until nothing changes.
+    """
+    users: dict[str, list[tuple[str, bool]]] = {}
+    for name, user, guarded in scanner.refs:
+        users.setdefault(name, []).append((user, guarded))
+    quiet: dict[str, str] = {}  # qualified name -> why
+    changed = True
+    while changed:
+        changed = False
+        for name, uses in users.items():
+            for qual in scanner.defined.get(name, []):
+                if qual in quiet or not uses:
+                    continue
+                if all(g or _within(u, quiet) for u, g in uses if u != qual):
+                    if any(u != qual for u, _ in uses):
+                        quiet[qual] = (
+                            f"{name} is used only by guarded code in this module"
+                        )
+                        changed = True
+    out = []
+    for finding in scanner.findings:
+        owner = _within(finding.function, quiet)
+        if owner and not finding.guard:
+            finding = RawFinding(
+                finding.line, finding.function, finding.api, finding.kind, quiet[owner]
+            )
+        out.append(finding)
+    return out
+
+
+def _within(function: str, quiet: dict[str, str]) -> str:
+    """The quiet function `function` is, or is nested in, else ""."""
+    parts = function.split(".")
+    for i in range(len(parts), 0, -1):
+        candidate = ".".join(parts[:i])
+        if candidate in quiet:
+            return candidate
+    return ""

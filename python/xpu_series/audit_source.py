@@ -22,7 +22,7 @@ def blob_id(data: bytes) -> str:
     """git's id of a blob with this content (so a folder and a commit agree).
 
     >>> blob_id(b"")
-    'e69de29bb2d1d6484b8b0cca8718aea6e7a8e0b7'
+    'e69de29bb2d1d6434b8b29ae775ad8c2e48c5391'
     """
     return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
 

@@ -33,6 +33,7 @@ def test_each_kind_of_cuda_only_use_is_found() -> None:
     code = """
     import torch
     import flashinfer
+    import torch.cuda.nvtx as nvtx
     from torch.cuda import Event
 
     class Pool:
@@ -44,6 +45,7 @@ def test_each_kind_of_cuda_only_use_is_found() -> None:
             y = torch.zeros(n, device="cuda")
             z = x.to(f"cuda:{n}")
             e = Event()
+            nvtx.range_push("free")
             if x.is_cuda:
                 return y
             return torch.device("cuda", 0)
@@ -58,6 +60,7 @@ def test_each_kind_of_cuda_only_use_is_found() -> None:
         "device:cuda",
         "device:cuda",
         "torch.cuda.Event",
+        "torch.cuda.nvtx.range_push",
         "Tensor.is_cuda",
         "device:cuda",
     ]
@@ -523,3 +526,37 @@ def test_a_module_importing_a_cuda_only_package_stops_there_on_xpu() -> None:
     assert found_here["import:flashinfer"].reached
     assert not found_here["Tensor.cuda"].reached
     assert found_here["Tensor.cuda"].why_unreached == "imports flashinfer first"
+
+
+def test_a_private_helper_only_guarded_code_uses_is_guarded() -> None:
+    code = """
+    class Worker:
+        def _measure(self):
+            torch.cuda.synchronize()
+
+        def _deeper(self):
+            return self._measure()
+
+        def prewarm(self):
+            if not is_cuda():
+                return None
+            return self._deeper()
+
+        def _also_public(self):
+            torch.cuda.synchronize()
+
+        def run(self):
+            if _is_cuda:
+                self._also_public()
+            return self._also_public
+
+    def _never_used():
+        torch.cuda.synchronize()
+    """
+    assert found(code) == [
+        ("torch.cuda.synchronize", "Worker._measure", True),
+        ("torch.cuda.synchronize", "Worker._also_public", False),
+        ("torch.cuda.synchronize", "_never_used", False),
+    ]
+    (measure, *_) = scan(code).findings
+    assert "used only by guarded code" in measure.guard
