@@ -272,7 +272,8 @@ def _workload(
         try:
             status, text = _http(f"{server.url}{path}", body, REQUEST_TIMEOUT_S)
         except OSError as exc:
-            status, text = 0, str(exc)
+            # A server that stops answering would stall every later step too.
+            raise server.fail(f"did not answer {path} ({exc})") from exc
         if path == "/continue_generation" and status == 422:
             # A release before the empty-cache flag: resume without it.
             status, text = _http(f"{server.url}{path}", {}, REQUEST_TIMEOUT_S)
@@ -298,10 +299,13 @@ def _model_dir(python: Path, project_root: Path, log: Path) -> Path:
         "print(module.model_dir())\n"
     )
     with open(log, "wb") as err:
-        proc = subprocess.run(
-            [str(python), "-c", code, str(project_root / STANDIN)],
-            stdout=subprocess.PIPE, stderr=err, timeout=600, check=False,
-        )  # fmt: skip
+        try:
+            proc = subprocess.run(
+                [str(python), "-c", code, str(project_root / STANDIN)],
+                stdout=subprocess.PIPE, stderr=err, timeout=600, check=False,
+            )  # fmt: skip
+        except subprocess.TimeoutExpired:
+            proc = subprocess.CompletedProcess([], 1, b"", b"")
     lines = proc.stdout.decode(errors="replace").strip().splitlines()
     if proc.returncode != 0 or not lines:
         raise StandinError(
@@ -346,6 +350,7 @@ def record_trace(
     out.mkdir(parents=True, exist_ok=True)
     log = out / f"{key}.log"
     started = time.monotonic()
+    say(f"trace: bytecode for {tree} and the stand-in's model")
     prime(Git(tree), cache_dir)
     model = _model_dir(Path(python), project_root, log)
     flags = standin.launch_args(model)

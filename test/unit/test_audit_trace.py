@@ -320,6 +320,8 @@ FAKE_SERVER = """\
             with open(os.environ["FAKE_LOG"], "a") as out:
                 out.write(json.dumps({"path": self.path, "body": body}) + "\\n")
             status = 200
+            if mode == "stall" and self.path == "/flush_cache":
+                time.sleep(300)
             if self.path == "/continue_generation":
                 if mode == "no-continue":
                     status = 404
@@ -351,12 +353,15 @@ FAKE_SERVER = """\
     """
 
 FAKE_STANDIN = """\
+    import os
     from pathlib import Path
 
     ENVIRONMENT = {"FAKE_STANDIN": "from-the-standin"}
     RECIPE = {"tokenizer_corpus": ["alpha beta gamma", "delta epsilon"]}
 
     def model_dir():
+        if os.environ.get("FAKE_MODE") == "no-model":
+            raise RuntimeError("fake: no transformers here")
         return Path(__file__).parent / "model"
 
     def launch_args(model=None):
@@ -480,6 +485,19 @@ def test_a_server_that_cannot_start_is_an_error_quoting_its_log(
     assert cached_trace(tmp_path / "cache", served) is None
 
 
+def test_a_model_that_cannot_be_built_is_an_error_quoting_why(
+    served: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("FAKE_MODE", "no-model")
+    with pytest.raises(StandinError) as info:
+        record_trace(
+            tmp_path / "project", served, tmp_path / "cache", Path(sys.executable)
+        )
+    assert "fake: no transformers here" in info.value.message
+    assert "torch and transformers" in info.value.hint
+    assert not (tmp_path / "requests.jsonl").exists()
+
+
 def test_a_server_that_never_gets_ready_is_stopped(
     served: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ):
@@ -491,6 +509,21 @@ def test_a_server_that_never_gets_ready_is_stopped(
         )
     assert "not ready within 2 s" in info.value.message
     assert "fake launch" in info.value.message
+
+
+def test_a_server_that_stops_answering_ends_the_run(
+    served: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("FAKE_MODE", "stall")
+    monkeypatch.setattr(audit_trace, "REQUEST_TIMEOUT_S", 1.0)
+    started = time.monotonic()
+    with pytest.raises(StandinError) as info:
+        record_trace(
+            tmp_path / "project", served, tmp_path / "cache", Path(sys.executable)
+        )
+    assert "did not answer /flush_cache" in info.value.message
+    assert time.monotonic() - started < 120
+    assert _gone(int((tmp_path / "child.pid").read_text()))
 
 
 def test_record_trace_refuses_a_tree_that_is_not_sglang(tmp_path: Path):
