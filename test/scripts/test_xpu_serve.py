@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import glob
+import grp
 import json
 import os
 import shlex
@@ -211,3 +213,61 @@ def test_fork_builds_only_when_its_tag_is_missing(
     assert verbs == (
         ["ps", "image", "run"] if present else ["ps", "image", "build", "run"]
     )
+
+
+def _has_intel_gpu() -> bool:
+    try:
+        grp.getgrnam("render")
+        return True
+    except KeyError:
+        return bool(glob.glob("/dev/dri/renderD*"))
+
+
+@pytest.mark.skipif(
+    _has_intel_gpu(),
+    reason="this machine has a render group or /dev/dri render nodes: "
+    "xpu-serve discovers them, so nothing is a placeholder",
+)
+def test_dry_run_without_a_gpu_prints_placeholders_and_says_so(tmp_path: Path) -> None:
+    proc = serve("--model", "m", "--fork", "--tp", "2", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    notes = [line for line in lines if line.startswith("#")]
+    build, run = (line for line in lines if not line.startswith("#"))
+    assert len(notes) == 2 and all(n.startswith("# placeholder: ") for n in notes)
+    assert "no Intel GPU found here: --tp 2" in notes[0]
+    assert "render group's GID is unknown here" in notes[1]
+    # The placeholders change nothing else: the build is the one a real host
+    # gets, and so is the run but for the GID.
+    real = serve("--model", "m", "--fork", "--tp", "2", "--gpus", "2",
+                 "--render-gid", "4242", "--dry-run")  # fmt: skip
+    real_build, real_run = real.stdout.strip().splitlines()
+    assert build == real_build
+    # On the serving host the placeholder is the render GID: run the printed
+    # line there (a docker that prints its arguments, a stat that knows 4242).
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "docker").write_text('#!/bin/sh\nfor a in "$@"; do echo "$a"; done\n')
+    (bin_dir / "stat").write_text(
+        '#!/bin/sh\n[ "$*" = "-c %g /dev/dri/renderD128" ] && echo 4242\n'
+    )
+    for tool in ("docker", "stat"):
+        (bin_dir / tool).chmod(0o755)
+    ran = subprocess.run(
+        ["bash", "-c", run], capture_output=True, text=True,
+        env={"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": "/home/u"},
+    )  # fmt: skip
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == shlex.split(real_run)[1:]
+
+
+@pytest.mark.skipif(_has_intel_gpu(), reason="this machine has an Intel GPU")
+def test_without_a_gpu_only_the_dry_run_uses_placeholders() -> None:
+    refused = serve("--model", "m")
+    assert refused.returncode == 2 and refused.stdout == ""
+    assert "no Intel GPU found" in refused.stderr
+    assert "--dry-run prints the commands anyway" in refused.stderr
+    # A GPU count given, the render GID alone is a placeholder.
+    proc = serve("--model", "m", "--gpus", "2", "--dry-run")
+    notes = [ln for ln in proc.stdout.splitlines() if ln.startswith("# placeholder")]
+    assert len(notes) == 1 and "render group's GID" in notes[0]
