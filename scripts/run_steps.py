@@ -158,6 +158,11 @@ STEPS: tuple[Step, ...] = (
          "replay the last move (patches/moves/, patches/resolutions/) from git "
          "history: byte for byte",
          (PY, "scripts/replay_move.py"), "serve"),
+    Step("image",
+         "image: docker/Dockerfile built with buildah as xpu-serve --fork builds it, "
+         "on a stand-in for the official XPU image (pin and oldest served release); "
+         "a broken base must fail it",
+         (PY, "scripts/check_image.py"), "serve"),
     Step("matrix",
          "behavioural matrix: each served release (serves-from..pin) and every newer "
          "one (build/reports/)",
