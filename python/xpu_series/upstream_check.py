@@ -285,7 +285,7 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
         StepResult(
             "fail-without",
             failing > 0,
-            f"pristine + tests: {describe(result.without)}"
+            f"{base} + tests: {describe(result.without)}"
             + ("" if failing else ": the tests prove nothing upstream"),
             "" if failing else without.get("log", ""),
         )
@@ -304,7 +304,7 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
         StepResult(
             "pass-with",
             passing and isolated and not bad,
-            f"pristine + export: {describe(result.with_export)}"
+            f"{base} + export: {describe(result.with_export)}"
             + ("" if isolated else f"; sys.path not isolated ({leaks or imported})")
             + (f"; {'; '.join(bad)}" if bad else ""),
             "" if passing else with_export.get("log", ""),

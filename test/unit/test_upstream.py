@@ -304,8 +304,8 @@ def test_check_proves_the_export(up: Project) -> None:
     assert result.code == 0, result.out + result.err
     for step in ("apply", "fail-without", "pass-with", "collector", "lint"):
         assert f"ok   {step}" in result.out
-    assert "pristine + tests: 0 passed, 1 failed" in result.out
-    assert "pristine + export: 1 passed, 0 failed" in result.out
+    assert "pristine upstream + tests: 0 passed, 1 failed" in result.out
+    assert "pristine upstream + export: 1 passed, 0 failed" in result.out
     pr = (_v(up, 1) / "pr.md").read_text()
     assert "| upstream + the new tests only | 0 passed, 1 failed |" in pr
     assert "- [x] Formatted and linted" in pr
