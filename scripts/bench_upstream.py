@@ -1,0 +1,89 @@
+"""Benchmark `xpu-series upstream PATCH --check` per carried patch, as CI runs it.
+
+Per patch, medians of --runs:
+  cold: no stored test outcomes (build/cache/upstream-check/ emptied first): two
+        pytest runs of the exported tests, the collector and the lint hooks
+  warm: the same command again (the outcomes of an unchanged tree are stored)
+Wall time and CPU time (the command and every child it waited for): on two shared
+cores the CPU column is what the CI step costs.
+
+Run: .venv/bin/python scripts/bench_upstream.py [PATCH ...] [--runs 3] [--tree DIR]
+     --quick: one warm run of the first patch (so the benchmark cannot rot)
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CLI = [sys.executable, "-m", "xpu_series", "-C", str(ROOT)]
+
+
+def carried() -> list[str]:
+    lines = (ROOT / "patches" / "series").read_text().splitlines()
+    return [ln.strip()[:4] for ln in lines if ln.strip() and not ln.startswith("#")]
+
+
+def timed(args: list[str]) -> tuple[float, float, int]:
+    """(wall s, CPU s of the children, exit code) of one command."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    done = subprocess.run(args, cwd=ROOT, capture_output=True, text=True, check=False)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    if done.returncode:
+        print(done.stdout[-2000:] + done.stderr[-2000:], file=sys.stderr)
+    return wall, cpu, done.returncode
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("patches", nargs="*", help="default: every carried patch")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--tree", help="the series tree (default: build/sglang)")
+    parser.add_argument("--quick", action="store_true", help="one warm run")
+    args = parser.parse_args(argv)
+    patches = args.patches or carried()
+    tree = ["--tree", args.tree] if args.tree else []
+    if args.quick:
+        wall, cpu, code = timed([*CLI, "upstream", patches[0], "--check", *tree])
+        print(f"{patches[0]}: upstream --check in {wall:.1f} s ({cpu:.1f} s CPU)")
+        return code
+    rows = []
+    failed = 0
+    for patch in patches:
+        cold: list[tuple[float, float]] = []
+        warm: list[tuple[float, float]] = []
+        for _ in range(args.runs):
+            shutil.rmtree(ROOT / "build" / "cache" / "upstream-check", True)
+            wall, cpu, code = timed([*CLI, "upstream", patch, "--check", *tree])
+            cold.append((wall, cpu))
+            failed += code != 0
+            wall, cpu, code = timed([*CLI, "upstream", patch, "--check", *tree])
+            warm.append((wall, cpu))
+            failed += code != 0
+        rows.append((patch, cold, warm))
+        print(f"{patch}: cold {[f'{w:.0f}' for w, _c in cold]} s, "
+              f"warm {[f'{w:.0f}' for w, _c in warm]} s", flush=True)  # fmt: skip
+    print("\n| patch | cold wall | cold CPU | warm wall | warm CPU |")
+    print("|---|---|---|---|---|")
+    for patch, cold, warm in rows:
+        walls_cpus = [*zip(*cold, strict=True), *zip(*warm, strict=True)]
+        med = [statistics.median(v) for v in walls_cpus]
+        print(f"| {patch} | {med[0]:.0f} s | {med[1]:.0f} s | {med[2]:.0f} s | "
+              f"{med[3]:.0f} s |")  # fmt: skip
+    total = sum(statistics.median(c for _w, c in cold) for _p, cold, _w2 in rows)
+    print(f"\nthe CI step, cold: {total:.0f} s CPU for {len(rows)} patches")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
