@@ -1,0 +1,181 @@
+"""MEM profiling records the active device's allocator history, not torch.cuda's."""
+
+import sys
+import tempfile
+import unittest
+from contextlib import ExitStack
+from pathlib import Path
+from unittest import mock
+
+import torch
+from sglang.srt.managers.scheduler_components.profiler_manager import (
+    SchedulerProfilerManager,
+)
+from sglang.srt.utils import common, profile_utils
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from standins import single_rank, standin  # noqa: E402
+
+register_cpu_ci(est_time=8, suite="base-a-test-cpu")
+
+NOT_COMPILED = "Torch not compiled with CUDA enabled"
+
+
+class _History:
+    """What a device module's `memory` records (the boundary: torch.xpu.memory)."""
+
+    def __init__(self) -> None:
+        self.calls = []
+
+    def record(self, *args, **kwargs) -> None:
+        self.calls.append(("record", kwargs))
+
+    def dump(self, path) -> None:
+        self.calls.append(("dump", str(path)))
+        Path(path).write_bytes(b"snapshot")
+
+
+def _cuda_not_compiled(*args, **kwargs):
+    # torch.cuda.memory on an XPU build of torch, where CUDA is not compiled in.
+    raise AssertionError(NOT_COMPILED)
+
+
+def platform(stack: ExitStack, **flags: bool) -> None:
+    """Pin the platform checks get_device_module() reads, and forget its answer."""
+    for name in ("is_cuda", "is_hip", "is_npu", "is_xpu", "is_musa"):
+        value = flags.get(name, False)
+        stack.enter_context(mock.patch.object(common, name, lambda v=value: v))
+    common.get_device_module.cache_clear()
+    stack.callback(common.get_device_module.cache_clear)
+    for name in ("_record_memory_history", "_dump_snapshot"):
+        stack.enter_context(
+            mock.patch.object(torch.cuda.memory, name, _cuda_not_compiled)
+        )
+
+
+def manager(output_dir: str) -> SchedulerProfilerManager:
+    return standin(
+        SchedulerProfilerManager,
+        get_forward_ct=lambda: 0,
+        profiler_activities=["MEM"],
+        torch_profiler_output_dir=Path(output_dir),
+        torch_profiler_with_stack=None,
+        torch_profiler_record_shapes=None,
+        profile_id="mem",
+        profile_prefix="",
+        merge_profiles=False,
+        detailed_annotations=False,
+        profile_in_progress=False,
+    )
+
+
+class TestMemProfilingOnXpu(CustomTestCase):
+    def test_start_and_stop_record_and_dump_through_torch_xpu(self):
+        history = _History()
+        with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
+            platform(stack, is_xpu=True)
+            stack.enter_context(single_rank())
+            stack.enter_context(
+                mock.patch.object(
+                    torch.xpu.memory, "_record_memory_history", history.record
+                )
+            )
+            stack.enter_context(
+                mock.patch.object(torch.xpu.memory, "_dump_snapshot", history.dump)
+            )
+            profiler = manager(out)
+            started = profiler._start_profile()
+            self.assertTrue(started.success, started.message)
+            self.assertTrue(profiler.profile_in_progress)
+            self.assertEqual(len(history.calls), 1)
+            kind, kwargs = history.calls[0]
+            self.assertEqual(kind, "record")
+            self.assertIn("max_entries", kwargs)
+
+            stopped = profiler._stop_profile()
+            self.assertTrue(stopped.success, stopped.message)
+            kinds = [call[0] for call in history.calls]
+            self.assertEqual(kinds, ["record", "dump", "record"])
+            self.assertEqual(history.calls[2][1], {"enabled": None})
+            dumped = Path(history.calls[1][1])
+            self.assertEqual(dumped.parent, Path(out))
+            self.assertTrue(dumped.name.endswith("-memory.pickle"), dumped.name)
+            self.assertEqual(dumped.read_bytes(), b"snapshot")
+
+
+class TestMemProfilingWithoutHistory(CustomTestCase):
+    def test_a_device_without_history_skips_mem_instead_of_calling_cuda(self):
+        with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
+            platform(stack)  # no accelerator: torch.cpu, which keeps no history
+            stack.enter_context(single_rank())
+            stack.enter_context(
+                mock.patch.object(
+                    torch.accelerator, "current_accelerator", return_value=None
+                )
+            )
+            profiler = manager(out)
+            with self.assertLogs(level="WARNING") as logs:
+                started = profiler._start_profile()
+            self.assertTrue(started.success, started.message)
+            self.assertIn("MEM profiling is not supported", "\n".join(logs.output))
+            self.assertFalse(profiler.profile_in_progress)
+            self.assertEqual(list(Path(out).iterdir()), [])
+
+
+class TestProfileManagerV2Memory(CustomTestCase):
+    """The same through SGLANG_PROFILE_V2's profiler (`_ProfilerMemory`)."""
+
+    def make(self, out: str):
+        return profile_utils._ProfilerMemory(
+            output_dir=out,
+            output_prefix="v2",
+            output_suffix="",
+            profile_id="mem",
+            cpu_group=None,
+            first_rank_in_node=True,
+        )
+
+    def test_it_records_and_dumps_through_torch_xpu(self):
+        history = _History()
+        with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
+            platform(stack, is_xpu=True)
+            stack.enter_context(single_rank())
+            for name, fn in (
+                ("_record_memory_history", history.record),
+                ("_dump_snapshot", history.dump),
+            ):
+                stack.enter_context(mock.patch.object(torch.xpu.memory, name, fn))
+            inner = self.make(str(Path(out) / "traces"))
+            inner.start()
+            self.assertEqual([c[0] for c in history.calls], ["record"])
+            self.assertIn("max_entries", history.calls[0][1])
+            inner.stop()
+            self.assertEqual(
+                [c[0] for c in history.calls], ["record", "dump", "record"]
+            )
+            self.assertEqual(history.calls[2][1], {"enabled": None})
+            dumped = Path(history.calls[1][1])
+            self.assertTrue(dumped.name.startswith("v2-"), dumped.name)
+            self.assertEqual(dumped.read_bytes(), b"snapshot")
+
+    def test_without_history_it_warns_and_writes_nothing(self):
+        with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
+            platform(stack)
+            stack.enter_context(single_rank())
+            stack.enter_context(
+                mock.patch.object(
+                    torch.accelerator, "current_accelerator", return_value=None
+                )
+            )
+            inner = self.make(str(Path(out) / "traces"))
+            with self.assertLogs(level="WARNING") as logs:
+                inner.start()
+            self.assertIn("MEM profiling is not supported", "\n".join(logs.output))
+            inner.stop()
+            self.assertFalse((Path(out) / "traces").exists())
+
+
+if __name__ == "__main__":
+    unittest.main()
