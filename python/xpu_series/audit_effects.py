@@ -314,6 +314,11 @@ PACKAGE_NOTES: Mapping[str, PackageNote] = {
     "quack": PackageNote("quack-kernels", "CuTe DSL kernels"),
     "humming": PackageNote("humming-kernels", "its CUDA 13 build ([cu13])"),
     "tilelang": PackageNote("tilelang", "the PyPI wheel targets CUDA"),
+    "tvm_ffi": PackageNote(
+        "apache-tvm-ffi",
+        "the JIT kernels' FFI; not in pyproject_xpu.toml, and srt/layers/"
+        "dp_attention.py:43 says it is absent on XPU",
+    ),
 }
 CUDA_ONLY_PACKAGES: frozenset[str] = frozenset(PACKAGE_NOTES)
 

@@ -12,7 +12,7 @@ import re
 _FALSE_NAMES = re.compile(
     r"^_*(?:is_(?:cuda|cuda_alike|hip|hip_runtime|rocm|npu|npu_arch\d*|cpu|musa|mps"
     r"|hpu|fp8_fnuz|flashinfer_available|blackwell\w*|hopper\w*|gfx\w+"
-    r"|sm\d+\w*|nvidia\w*)|use_aiter\w*|use_rocm\w*|is_cuda_and_\w+)$"
+    r"|sm\d+\w*|nvidia\w*)(?:_static)?|use_aiter\w*|use_rocm\w*|is_cuda_and_\w+)$"
 )
 _TRUE_NAMES = re.compile(r"^_*is_xpu$")
 # Device names other than XPU's: a device or platform string equal to one of
@@ -30,7 +30,14 @@ OTHER_BACKENDS = re.compile(
     r"|llada2_cfg_flashinfer)$"
 )
 # Attributes of torch that read False on a torch without CUDA compiled in.
-_FALSE_ATTRS = {"torch.version.cuda", "torch.version.hip", "torch.cuda.is_available"}
+_FALSE_ATTRS = {
+    "torch.version.cuda",
+    "torch.version.hip",
+    "torch.cuda.is_available",
+    "torch.cuda.is_initialized",
+}
+# Read None on a torch without CUDA or ROCm compiled in.
+_NONE_ATTRS = {"torch.version.cuda", "torch.version.hip"}
 _TRUE_ATTRS = {"torch.xpu.is_available"}
 
 
@@ -105,6 +112,9 @@ def _compare(node: ast.Compare, env: dict[str, bool | None]) -> bool | None:
         return hit if isinstance(op, ast.In) else (not hit)
     if not isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)):
         return None
+    if isinstance(right, ast.Constant) and right.value is None:
+        if dotted(left) in _NONE_ATTRS:  # `torch.version.cuda is not None`
+            return isinstance(op, (ast.Is, ast.Eq))
     for value, other in ((right, left), (left, right)):
         names = _strings(value)
         if not names or len(names) != 1 or isinstance(value, ast.Tuple):
@@ -170,6 +180,16 @@ def xpu_truth(node: ast.AST, env: dict[str, bool | None] | None = None) -> bool 
         return None
     if _FALSE_NAMES.match(final):
         return False
+    if (
+        final.startswith("is_")
+        and OTHER_BACKENDS.match(final[3:])
+        and backend_like(
+            node.func.value
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+            else node
+        )
+    ):
+        return False  # `get_moe_runner_backend().is_flashinfer_mxfp4()`
     if _TRUE_NAMES.match(final):
         return True
     return None

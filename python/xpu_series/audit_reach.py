@@ -23,6 +23,7 @@ A module no edge reaches is never imported by an XPU server: its findings are
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 
 from xpu_series.audit_scan import CUDA_PACKAGE, FileScan
@@ -37,8 +38,11 @@ ROOTS = (
     "sglang.srt.model_executor.model_runner",
 )
 ROOT_PACKAGES = ("sglang.srt.models",)
-_DEVICES = ("npu", "hip", "rocm", "amd", "musa", "mps", "mindspore", "ascend")
+_DEVICES = (
+    "npu", "hip", "rocm", "amd", "musa", "mps", "mindspore", "ascend", "hpu", "habana"
+)  # fmt: skip
 _EXACT = ("cuda", "nvidia")
+_GFX = re.compile(r"(^|_)gfx\d+")
 
 
 def device_module(module: str) -> str:
@@ -52,6 +56,8 @@ def device_module(module: str) -> str:
     for part in module.split(".")[1:]:
         if part in _EXACT:
             return part
+        if part == "hipcc" or _GFX.search(part):
+            return "hip"  # AMD's compiler and its GPU generations (gfx950, ...)
         for device in _DEVICES:
             if part == device or part.startswith(f"{device}_"):
                 return device

@@ -190,6 +190,24 @@ def _local_names(func: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> s
     return names
 
 
+def _platform_like(node: ast.AST) -> bool:
+    """`get_platform()`, `current_platform`, `platform`: a platform object, whose
+    `is_cuda` is a platform check (a guard), not a tensor's device."""
+    text = (dotted(node.func) if isinstance(node, ast.Call) else dotted(node)) or ""
+    return "platform" in text.lower()
+
+
+def _tensor_cuda_call(node: ast.Call) -> bool:
+    """`x.cuda()` as Tensor.cuda / Module.cuda takes it: at most a device and
+    non_blocking / memory_format; `Requirement.cuda(min_sm=90)` is another API."""
+    allowed = {"device", "non_blocking", "memory_format"}
+    if any(kw.arg not in allowed for kw in node.keywords) or len(node.args) > 2:
+        return False
+    receiver = node.func.value if isinstance(node.func, ast.Attribute) else None
+    head = (dotted(receiver) or "").rsplit(".", 1)[-1] if receiver else ""
+    return not head[:1].isupper()
+
+
 def _registered_backend(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
     """`name` of a `@register_..._backend("name")` decorator, else ""."""
     for deco in node.decorator_list:
@@ -424,6 +442,12 @@ class _Scanner(ast.NodeVisitor):
             self.visit(node.orelse)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        if isinstance(node.op, ast.Or):
+            admits = [v for v in node.values if xpu_truth(v, self.env) is True]
+            if admits:
+                # `x.is_cuda or x.is_xpu`: the test lets XPU through itself.
+                self.under(f"`... or {describe(admits[0])}` admits XPU", node.values)
+                return
         pushed = 0
         for value in node.values:
             self.visit(value)
@@ -545,6 +569,7 @@ class _Scanner(ast.NodeVisitor):
             node.attr == "is_cuda"
             and isinstance(node.ctx, ast.Load)
             and dotted(node.value) not in ("self", "cls")
+            and not _platform_like(node.value)
         ):
             # A tensor's flag; `self.is_cuda` is an object's own platform flag.
             self.add(node, "Tensor.is_cuda", IS_CUDA)
@@ -563,6 +588,7 @@ class _Scanner(ast.NodeVisitor):
             isinstance(func, ast.Attribute)
             and func.attr == "cuda"
             and fname.split(".")[0] not in self.torch_aliases
+            and _tensor_cuda_call(node)
         ):
             self.add(node, "Tensor.cuda", TENSOR_CUDA)
             self.visit(func.value)

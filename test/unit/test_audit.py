@@ -560,3 +560,47 @@ def test_a_private_helper_only_guarded_code_uses_is_guarded() -> None:
     ]
     (measure, *_) = scan(code).findings
     assert "used only by guarded code" in measure.guard
+
+
+def test_tests_that_admit_xpu_and_apis_that_only_share_a_name() -> None:
+    code = """
+    def f(x, req):
+        assert x.is_cuda or x.is_xpu
+        if torch.version.cuda is not None:
+            torch.cuda.synchronize()
+        if torch.version.hip is None:
+            torch.cuda.synchronize()
+        req = CapabilityRequirement.cuda(min_sm=90)
+        return x.cuda(non_blocking=True)
+    """
+    assert found(code) == [
+        ("Tensor.is_cuda", "f", True),
+        ("torch.cuda.synchronize", "f", True),
+        ("torch.cuda.synchronize", "f", False),
+        ("Tensor.cuda", "f", False),
+    ]
+    assert device_module("sglang.kernels.ops.attention.vattn_asm_gfx950") == "hip"
+    assert device_module("sglang.kernels.jit.utils.hipcc") == "hip"
+
+
+def test_platform_flags_and_backend_predicates_are_guards_not_tensor_tests() -> None:
+    code = """
+    def f(x):
+        if get_platform().is_cuda:
+            torch.cuda.synchronize()
+        if current_platform.is_cuda and x:
+            torch.cuda.synchronize()
+        if get_moe_runner_backend().is_flashinfer_mxfp4():
+            torch.cuda.synchronize()
+        if get_moe_runner_backend().is_triton():
+            torch.cuda.synchronize()
+    """
+    assert found(code) == [
+        ("torch.cuda.synchronize", "f", True),
+        ("torch.cuda.synchronize", "f", True),
+        ("torch.cuda.synchronize", "f", True),
+        ("torch.cuda.synchronize", "f", False),
+    ]
+    assert device_module("sglang.srt.distributed.device_communicators.hpu_comm") == (
+        "hpu"
+    )
