@@ -76,23 +76,37 @@ def _cached_mutants(
 
 
 def _audit_findings(project: Project, export: Export) -> list[str] | None:
-    """Findings an audit report in build/reports/ marks as removed by this patch;
-    None when there is no report."""
-    path = project.build_dir / "reports" / "audit.json"
+    """The audit's findings this change removes: results of its SARIF report
+    (build/reports/audit.sarif, written by CI's audit step) that it marks as
+    changed by the series, in a file and function this export changes. None
+    when there is no report."""
+    path = project.build_dir / "reports" / "audit.sarif"
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
+    functions = {f.split(": ", 1)[-1].split(".")[-1] for f in export.functions}
     found = []
-    stem = export.target.stem
-    for finding in data.get("findings", []) if isinstance(data, dict) else []:
-        if not isinstance(finding, dict) or finding.get("verdict") != "patched":
-            continue
-        if any(stem in str(v) or export.target.patch.name in str(v)
-               for v in finding.values()):  # fmt: skip
-            where = finding.get("path") or finding.get("file") or "?"
-            what = finding.get("api") or finding.get("name") or "?"
-            found.append(f"`{what}` in `{where}`")
+    for run in data.get("runs", []) if isinstance(data, dict) else []:
+        for result in run.get("results", []):
+            why = " ".join(
+                s.get("justification", "") for s in result.get("suppressions", [])
+            )
+            if "series" not in why:
+                continue  # exposed, or triaged with a reason: not this change's
+            try:
+                where = result["locations"][0]
+                uri = where["physicalLocation"]["artifactLocation"]["uri"]
+                line = where["physicalLocation"]["region"]["startLine"]
+                function = where["logicalLocations"][0]["fullyQualifiedName"]
+            except (KeyError, IndexError, TypeError):
+                continue
+            if not any(c.endswith(uri) or uri.endswith(c) for c in export.code):
+                continue
+            if functions and function.split(".")[-1] not in functions:
+                continue
+            text = result.get("message", {}).get("text", "")
+            found.append(f"`{result.get('ruleId', '?')}` at `{uri}:{line}`: {text}")
     return found
 
 
@@ -294,7 +308,11 @@ def _accuracy(export: Export, evidence: Evidence, tests_cmd: str) -> list[str]:
     if evidence.audit:
         out += ["", "The audit's findings this removes: " + "; ".join(evidence.audit)]
     elif evidence.audit is None:
-        out += ["", "No audit report (build/reports/audit.json) to quote."]
+        out += [
+            "",
+            "No audit report (`xpu-series audit --sarif build/reports/audit.sarif`)"
+            " to quote.",
+        ]
     else:
         out += ["", "The audit report names no finding this change removes."]
     return out

@@ -319,3 +319,52 @@ def test_tests_that_pass_on_pristine_fail_the_check(up: Project) -> None:
     assert "FAIL fail-without" in result.out
     assert "the tests prove nothing upstream" in result.out
     assert "fails upstream's checks: fail-without" in result.err
+
+
+def test_pr_quotes_the_audit_findings_the_change_removes(up: Project) -> None:
+    def result(uri: str, function: str, why: str) -> dict:
+        where = {
+            "physicalLocation": {
+                "artifactLocation": {"uri": uri},
+                "region": {"startLine": 2},
+            },
+            "logicalLocations": [{"fullyQualifiedName": function}],
+        }
+        return {
+            "ruleId": "cuda-only-call",
+            "message": {"text": f"torch.cuda.sync in {function}: fails on XPU."},
+            "locations": [where],
+            "suppressions": [{"kind": "external", "justification": why}],
+        }
+
+    import json
+
+    reports = up.root / "build" / "reports"
+    reports.mkdir(parents=True)
+    sarif = {
+        "runs": [
+            {
+                "results": [
+                    result(
+                        "python/sglang/srt/other.py",
+                        "answer",
+                        "the series changes this call",
+                    ),
+                    result(
+                        "python/sglang/srt/other.py", "answer", "triaged: only on CUDA"
+                    ),
+                    result(
+                        "python/sglang/srt/third.py",
+                        "limit",
+                        "the series changes this call",
+                    ),
+                ]  # fmt: skip
+            }
+        ]
+    }
+    (reports / "audit.sarif").write_text(json.dumps(sarif))
+    assert up.run("upstream", "0001").code == 0
+    pr = (_v(up, 1) / "pr.md").read_text()
+    line = next(x for x in pr.splitlines() if x.startswith("The audit's findings"))
+    assert "`cuda-only-call` at `python/sglang/srt/other.py:2`" in line
+    assert "third.py" not in line and line.count("cuda-only-call") == 1
