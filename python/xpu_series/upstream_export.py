@@ -67,6 +67,8 @@ class Export:
     tests: list[ExportedTest] = field(default_factory=list)
     # Where the code change lands: `file: Class.function` (or `file: module`).
     functions: list[str] = field(default_factory=list)
+    # Tests: files that stay home (real-server tests), with why.
+    left_out: list[str] = field(default_factory=list)
 
     @property
     def test_paths(self) -> list[str]:
@@ -88,6 +90,7 @@ class Export:
             "inlined": {t.path: [list(i) for i in t.inlined] for t in self.tests},
             "dropped": {t.path: t.dropped for t in self.tests},
             "functions": self.functions,
+            "left_out": self.left_out,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -305,16 +308,23 @@ def commit_message(header: PatchHeader) -> str:
     return f"{header.subject}\n\n{text}\n" if text else f"{header.subject}\n"
 
 
-def make_tests(project: Project, header: PatchHeader) -> list[ExportedTest]:
-    """Each Tests: file made self-contained; Fast-Tests classes only when the
-    patch names some (the others start real servers)."""
+def make_tests(
+    project: Project, header: PatchHeader
+) -> tuple[list[ExportedTest], list[str]]:
+    """Each Tests: file made self-contained, and the files left out. When the
+    patch names Fast-Tests, only they go (the rest start real servers): a file
+    it names whole, or the classes it names of a file."""
     files = list(dict.fromkeys(t.split("::")[0] for t in header.tests))
     fast = header.fast_tests if header.get("Fast-Tests") else []
-    out = []
+    fast_files = {t.split("::")[0] for t in fast}
+    out, left_out = [], []
     for rel in files:
+        if fast and rel not in fast_files:
+            left_out.append(f"{rel} ({SERVER_REASON})")
+            continue
         classes = {t.split("::")[1] for t in fast if t.startswith(rel + "::")}
         out.append(export_test(project.root, rel, classes or None, SERVER_REASON))
-    return out
+    return out, left_out
 
 
 def revisions(folder: Path) -> list[int]:
@@ -342,7 +352,7 @@ def export_patch(project: Project, tree: Path, word: str) -> Export:
     git = work.git
     _apply(git, target.commit)
     code = sorted(_files_of(git, target.commit))
-    tests = make_tests(project, target.header)
+    tests, left_out = make_tests(project, target.header)
     written = []
     for test in tests:
         for rel, data in [(test.path, test.text.encode()), *test.data]:
@@ -374,7 +384,7 @@ def export_patch(project: Project, tree: Path, word: str) -> Export:
         os.replace(staging, out)
     patch_file = out / made.name
     export = Export(target, out, revision, not same, patch_file, base, depends, code,
-                    tests, changed_functions(git, base, code))  # fmt: skip
+                    tests, changed_functions(git, base, code), left_out)  # fmt: skip
     (out / "export.json").write_text(
         json.dumps(export.meta(), indent=2, sort_keys=True) + "\n"
     )

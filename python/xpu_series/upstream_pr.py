@@ -197,6 +197,10 @@ def render(project: Project, export: Export, evidence: Evidence) -> str:
             )
         for dropped in test.dropped:
             lines.append(f"  - leaves out `{dropped}`")
+    for path in export.left_out:
+        lines.append(
+            f"- not carried: `{path.split(' (')[0]}` ({path.split(' (', 1)[1]}"
+        )
     for path in export.data_paths:
         lines.append(f"- `{path}` (new): a file the test reads")
     lines += ["", "## Accuracy Tests", ""]

@@ -368,3 +368,23 @@ def test_pr_quotes_the_audit_findings_the_change_removes(up: Project) -> None:
     line = next(x for x in pr.splitlines() if x.startswith("The audit's findings"))
     assert "`cuda-only-call` at `python/sglang/srt/other.py:2`" in line
     assert "third.py" not in line and line.count("cuda-only-call") == 1
+
+
+def test_a_tests_file_fast_tests_does_not_name_stays_home(up: Project) -> None:
+    server = "test/registered/unit/srt/test_answer_server.py"
+    (up.root / "test/standin").mkdir(parents=True)
+    (up.root / "test/standin/cpu_standin.py").write_text("PORT = 1\n")
+    (up.root / server).write_text(
+        TEST.replace("from helpers import expected", "import cpu_standin")
+    )
+    up.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise it",
+        Tests=f"{TEST_PATH} {server}", Fast_Tests=TEST_PATH,
+    )  # fmt: skip
+    result = up.run("upstream", "0002")
+    assert result.code == 0, result.err
+    assert f"left out {server} (starts real servers" in result.out
+    patch = next((up.root / "build/upstream/0002-raise-it/v1").glob("*.patch"))
+    assert server not in patch.read_text() and TEST_PATH in patch.read_text()
+    pr = (up.root / "build/upstream/0002-raise-it/v1/pr.md").read_text()
+    assert f"- not carried: `{server}`" in pr

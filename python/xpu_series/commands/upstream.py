@@ -121,6 +121,7 @@ def _render(
             out.out.append(f"  {test.path}: inlined {', '.join(names)} from {module}")
         for dropped in test.dropped:
             out.out.append(f"  {test.path}: left out {dropped}")
+    out.out += [f"  left out {path}" for path in export.left_out]
     if compared is not None:
         path, text = compared
         data["range_diff"] = {"file": str(path), "text": text}
