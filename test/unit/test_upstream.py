@@ -388,3 +388,15 @@ def test_a_tests_file_fast_tests_does_not_name_stays_home(up: Project) -> None:
     assert server not in patch.read_text() and TEST_PATH in patch.read_text()
     pr = (up.root / "build/upstream/0002-raise-it/v1/pr.md").read_text()
     assert f"- not carried: `{server}`" in pr
+
+
+def test_json_output_names_the_revision_and_its_files(up: Project) -> None:
+    import json
+
+    result = up.run("upstream", "0001", "--json")
+    assert result.code == 0, result.err
+    data = json.loads(result.out)
+    assert data["revision"] == 1 and data["new"] is True
+    assert data["tests"] == [TEST_PATH]
+    assert data["functions"] == ["other.py: answer"]
+    assert Path(data["pr"]).is_file() and Path(data["patch_file"]).is_file()
