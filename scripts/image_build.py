@@ -13,17 +13,22 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import shutil
 import subprocess
 import sys
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO
 
 # Bumped when what a key stands for changes (a new build recipe).
 FORMAT = "1"
 TOOLS = ("buildah", "mmdebstrap")
+# A progress line at least this often while the root filesystem is made.
+HEARTBEAT_S = 15.0
 INSTALL_HINT = "apt-get install buildah mmdebstrap (as root; Debian's packages)"
 # apt's words when the archive cannot be reached (mmdebstrap runs apt too).
 _UNREACHABLE = (
@@ -84,6 +89,7 @@ def install_tools(say: Callable[[str], None]) -> None:
         ["apt-get", "install", "-y", "-q", *TOOLS],
     ):
         say("installing: " + " ".join(cmd))
+        start = time.monotonic()
         proc = subprocess.run(
             cmd,
             capture_output=True,
@@ -97,6 +103,7 @@ def install_tools(say: Callable[[str], None]) -> None:
                     f"{' '.join(cmd)}: the Debian archive cannot be reached"
                 )
             raise BuildFailed(f"{' '.join(cmd)} exited {proc.returncode}\n{text}")
+        say(f"installing: done in {time.monotonic() - start:.1f}s")
     missing = tools_missing()
     if missing:
         raise BuildFailed(
@@ -139,6 +146,27 @@ def _version(tool: str) -> str:
     return proc.stdout.strip()
 
 
+def _lines(stream: IO[str], quiet_s: float) -> Iterator[str | None]:
+    """The stream's lines as they come, and None after each `quiet_s` without one."""
+    lines: queue.Queue[str | None] = queue.Queue()
+
+    def read() -> None:
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    while True:
+        try:
+            line = lines.get(timeout=quiet_s)
+        except queue.Empty:
+            yield None
+            continue
+        if line is None:
+            return
+        yield line
+
+
 def make_rootfs(spec: RootfsSpec, folder: Path, say: Callable[[str], None]) -> Path:
     """The root filesystem tarball for `spec`, made once (its progress said line by
     line as mmdebstrap tells it) and then reused."""
@@ -161,9 +189,13 @@ def make_rootfs(spec: RootfsSpec, folder: Path, say: Callable[[str], None]) -> P
     )
     assert proc.stdout is not None
     tail: list[str] = []
-    for line in proc.stdout:
+    for line in _lines(proc.stdout, HEARTBEAT_S):
+        took = time.monotonic() - start
+        if line is None:  # mmdebstrap says nothing while it unpacks: we do
+            say(f"rootfs: {took:5.1f}s ... {tail[-1].strip() if tail else 'starting'}")
+            continue
         tail = [*tail[-40:], line]
-        say(f"rootfs: {time.monotonic() - start:5.1f}s {line.rstrip()}")
+        say(f"rootfs: {took:5.1f}s {line.rstrip()}")
     if proc.wait() != 0:
         part.unlink(missing_ok=True)
         text = "".join(tail)

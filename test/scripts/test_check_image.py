@@ -199,6 +199,21 @@ def test_the_rootfs_is_made_once_per_recipe_with_progress(
     assert other != made and not made.exists() and other.is_file()
 
 
+def test_a_quiet_mmdebstrap_still_shows_progress(
+    ci, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    fake_mmdebstrap(
+        tmp_path, 'sleep 1\nfor t in "$@"; do :; done\necho I: done >&2\n: > "$t"'
+    )
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setattr(sys.modules["image_build"], "HEARTBEAT_S", 0.2)
+    said: list[str] = []
+    ci.make_rootfs(ci.RootfsSpec("bookworm", ("python3",)), tmp_path, said.append)
+    quiet = said.index(next(s for s in said if s.endswith("I: done")))
+    beats = [s for s in said[:quiet] if "... I: extracting archives..." in s]
+    assert len(beats) >= 2, said
+
+
 @pytest.mark.parametrize("unreachable", [True, False])
 def test_a_failed_rootfs_leaves_nothing_and_says_why(
     ci, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, unreachable: bool
@@ -284,10 +299,11 @@ def test_ci_as_root_installs_buildah_and_mmdebstrap(
         "update -q",
         "install -y -q buildah mmdebstrap",
     ]
-    assert said == [
+    assert [line for line in said if "done in" not in line] == [
         "installing: apt-get update -q",
         "installing: apt-get install -y -q buildah mmdebstrap",
     ]
+    assert len(said) == 4 and re.match(r"installing: done in \d+\.\ds", said[1])
 
 
 @needs_root
