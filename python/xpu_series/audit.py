@@ -6,7 +6,9 @@ gets its effect on XPU (audit_effects), triage entries accept findings with a
 reason (audit_triage), and a recorded stand-in run marks what executed
 (audit_trace). Verdicts, in order: `harmless` (the API behaves on XPU),
 `unreached` (the module is never imported by an XPU server), `guarded` (a
-condition keeps XPU out), `patched` (the series removes it), `triaged`, `exposed`.
+condition keeps XPU out), `triaged`, `exposed`. A finding the series fixes is
+marked `patched` (on the release as shipped it keeps its verdict; the tree with
+the series lists it with the verdict `patched`, where it was).
 """
 
 from __future__ import annotations
@@ -59,6 +61,10 @@ class Finding:
     replacement: str
     what: str
     occurrence: int = 0  # n-th finding of this file + function + api (0-based)
+    # The series fixes it: on the release as shipped it keeps its verdict; on the
+    # tree with the series it is listed with the verdict `patched`, at its
+    # pristine place.
+    patched: bool = False
 
     @property
     def identity(self) -> tuple[str, str, str]:
@@ -101,7 +107,8 @@ class AuditReport:
 
     @property
     def exposed(self) -> list[Finding]:
-        return [f for f in self.findings if f.verdict == EXPOSED]
+        """What `--check` fails on: exposed, and not fixed by the series."""
+        return [f for f in self.findings if f.verdict == EXPOSED and not f.patched]
 
 
 # --- scanning, cached by path and blob -------------------------------------
@@ -267,9 +274,6 @@ def judge(
             )
         elif raw.guard:
             verdict, reason = GUARDED, raw.guard
-        elif fixed[identity] > 0:
-            fixed[identity] -= 1
-            verdict, reason = PATCHED, "the series changes this call"
         else:
             verdict, reason = EXPOSED, ""
             for index, entry in enumerate(triage):
@@ -277,6 +281,11 @@ def judge(
                     covered[index] += 1
                     verdict, reason = TRIAGED, entry.reason
                     break
+        # Upstream's code still has it (verdict stands); the series fixes it.
+        patched = verdict in (EXPOSED, TRIAGED) and fixed[identity] > 0
+        if patched:
+            fixed[identity] -= 1
+            reason = reason or "the series fixes it"
         findings.append(
             Finding(
                 file=cand.file,
@@ -291,6 +300,7 @@ def judge(
                 replacement=info.replacement,
                 what=info.what,
                 occurrence=occurrence,
+                patched=patched,
             )
         )
     return findings, [(entry, covered[i]) for i, entry in enumerate(triage)]
@@ -351,7 +361,11 @@ def run_audit(
         extra, _ = judge(
             [c for c in pristine_found if _live(c)], [], Counter(gone), None
         )
-        extra = [f for f in extra if f.verdict == PATCHED]
+        extra = [
+            dataclasses.replace(f, verdict=PATCHED, reason="the series fixes it")
+            for f in extra
+            if f.patched
+        ]
         label = pristine_files.label
     findings += extra
     if since_files is not None:

@@ -33,7 +33,8 @@ def summary_lines(report: AuditReport) -> list[str]:
         + (f" (new since {report.since})" if report.since else ""),
         f"files: {report.files}, modules an XPU server imports: {report.reached} "
         f"of {report.modules}",
-        _counts_line("verdicts", report.count("verdict"), VERDICTS),
+        _counts_line("verdicts", report.count("verdict"), VERDICTS)
+        + f"; the series fixes {sum(f.patched for f in report.findings)}",
         _counts_line(
             "effects (exposed)",
             dict(_exposed_effects(report.findings)),
@@ -57,13 +58,16 @@ def render_text(report: AuditReport, verbose: bool = False) -> str:
     lines: list[str] = []
     shown = VERDICTS if verbose else SHOWN
     for (file, function), items in grouped(report.findings):
-        items = [f for f in items if f.verdict in shown]
+        items = [f for f in items if f.verdict in shown or f.patched]
         if not items:
             continue
         lines.append(f"{file.removeprefix('python/')}: {function}")
         for f in items:
             ran = ", executed" if f.executed else ""
-            lines.append(f"  {f.line}: {f.api} [{f.effect}{ran}] {f.verdict}")
+            fixed = (
+                " (the series fixes it)" if f.patched and f.verdict != "patched" else ""
+            )
+            lines.append(f"  {f.line}: {f.api} [{f.effect}{ran}] {f.verdict}{fixed}")
             if f.verdict == EXPOSED and f.replacement:
                 lines.append(f"      use: {f.replacement}")
             elif f.verdict != EXPOSED and f.reason:
@@ -97,12 +101,13 @@ def render_markdown(report: AuditReport) -> str:
             f"`{f.function}`",
             f"`{f.api}`",
             f.effect,
-            f.verdict,
+            f.verdict
+            + (" (series fixes)" if f.patched and f.verdict != "patched" else ""),
             "yes" if f.executed else "",
         ]
         for _, items in grouped(report.findings)
         for f in items
-        if f.verdict in SHOWN
+        if f.verdict in SHOWN or f.patched
     ]
     if rows:
         head = ["where", "function", "api", "effect", "verdict", "executed"]
@@ -114,6 +119,7 @@ def render_markdown(report: AuditReport) -> str:
 def render_json(report: AuditReport) -> dict[str, Any]:
     return {
         "ok": not report.exposed,
+        "patched": sum(f.patched for f in report.findings),
         "tree": report.label,
         "since": report.since or None,
         "files": report.files,
@@ -162,13 +168,14 @@ def render_sarif(report: AuditReport) -> dict[str, Any]:
     for f in report.findings:
         if f.verdict not in _LEVEL:
             continue
+        level = "note" if f.patched else _LEVEL[f.verdict]
         text = f"{f.api} in {f.function}: {f.effect} on XPU."
         if f.replacement:
             text += f" Use {f.replacement}."
         result: dict[str, Any] = {
             "ruleId": f.kind,
             "ruleIndex": KINDS.index(f.kind),
-            "level": _LEVEL[f.verdict],
+            "level": level,
             "message": {"text": text},
             "locations": [
                 {
@@ -184,7 +191,7 @@ def render_sarif(report: AuditReport) -> dict[str, Any]:
             "partialFingerprints": {"xpuSeriesFinding/v1": f.fingerprint()},
             "properties": {"effect": f.effect, "executed": f.executed},
         }
-        if f.verdict != EXPOSED:
+        if f.verdict != EXPOSED or f.patched:
             result["suppressions"] = [
                 {"kind": "external", "justification": f.reason or f.verdict}
             ]

@@ -444,7 +444,11 @@ def test_patched_and_since_count_by_file_function_and_api() -> None:
         (path, "Scheduler.continue_generation", "torch.cuda.memory_reserved"): 1
     }
     findings, _ = judge(before, [], gone)
-    assert [f.verdict for f in findings] == ["patched", "exposed", "exposed"]
+    assert [(f.verdict, f.patched) for f in findings] == [
+        ("exposed", True),
+        ("exposed", False),
+        ("exposed", False),
+    ]
     # Against an older release that had only the reclaim, the sync is new.
     older = SCHEDULER.split("    def sync")[0]
     new = only_new(findings, candidates({path: scan(older, path)})[0])
