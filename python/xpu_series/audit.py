@@ -21,7 +21,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,7 @@ from xpu_series.audit_effects import CUDA_ONLY_PACKAGES, Effect, effect_of
 from xpu_series.audit_reach import device_module, reached_modules, unimportable
 from xpu_series.audit_scan import CUDA_PACKAGE, FileScan, RawFinding, scan_source
 from xpu_series.audit_source import TreeFiles
-from xpu_series.audit_triage import TriageEntry
+from xpu_series.audit_triage import TriageEntry, TriageIndex
 
 FORMAT = "1"
 EXPOSED, TRIAGED, PATCHED, GUARDED, UNREACHED, HARMLESS = (
@@ -76,7 +76,8 @@ class Finding:
         return hashlib.sha256(text.encode()).hexdigest()[:32]
 
     def to_json(self) -> dict[str, Any]:
-        data = asdict(self)
+        # Not dataclasses.asdict: it deep-copies, a third of a warm --json run.
+        data = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         data["fingerprint"] = self.fingerprint()
         return data
 
@@ -256,6 +257,7 @@ def judge(
 ) -> tuple[list[Finding], list[tuple[TriageEntry, int]]]:
     """Each candidate's verdict; how many findings each triage entry covers."""
     covered = dict.fromkeys(range(len(triage)), 0)
+    accepted = TriageIndex(triage)
     fixed = Counter(fixed_by_series or {})
     seen: Counter[tuple[str, str, str]] = Counter()
     findings: list[Finding] = []
@@ -276,11 +278,10 @@ def judge(
             verdict, reason = GUARDED, raw.guard
         else:
             verdict, reason = EXPOSED, ""
-            for index, entry in enumerate(triage):
-                if entry.matches(cand.file, raw.function, raw.api):
-                    covered[index] += 1
-                    verdict, reason = TRIAGED, entry.reason
-                    break
+            index = accepted.first_match(cand.file, raw.function, raw.api)
+            if index is not None:
+                covered[index] += 1
+                verdict, reason = TRIAGED, triage[index].reason
         # Upstream's code still has it (verdict stands); the series fixes it.
         patched = verdict in (EXPOSED, TRIAGED) and fixed[identity] > 0
         if patched:

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from functools import cache
 
 from xpu_series.audit_scan import CUDA_PACKAGE, FileScan
 
@@ -45,6 +46,7 @@ _EXACT = ("cuda", "nvidia")
 _GFX = re.compile(r"(^|_)gfx\d+")
 
 
+@cache
 def device_module(module: str) -> str:
     """The other device a module's path names, or "".
 

@@ -40,6 +40,31 @@ class TriageEntry:
         return ", ".join(parts)
 
 
+class TriageIndex:
+    """The entries that can match each file, found once per file: an audit asks
+    about thousands of findings in a few hundred files."""
+
+    def __init__(self, entries: list[TriageEntry]) -> None:
+        self.entries = entries
+        self._by_file: dict[str, list[int]] = {}
+
+    def first_match(self, file: str, function: str, api: str) -> int | None:
+        """The index of the first entry that matches, or None."""
+        candidates = self._by_file.get(file)
+        if candidates is None:
+            candidates = [
+                i for i, e in enumerate(self.entries) if fnmatchcase(file, e.file)
+            ]
+            self._by_file[file] = candidates
+        for i in candidates:
+            entry = self.entries[i]
+            if (not entry.function or fnmatchcase(function, entry.function)) and (
+                not entry.api or fnmatchcase(api, entry.api)
+            ):
+                return i
+        return None
+
+
 def _entry_lines(text: str) -> list[int]:
     return [
         number

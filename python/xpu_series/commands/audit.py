@@ -189,7 +189,7 @@ def _python(project: Project) -> Path:
 def execute(ctx: Context) -> Output:
     project = ctx.project()
     report = run(ctx, project)
-    out = Output(data=render_json(report))
+    out = Output(data=render_json(report) if ctx.json else None)
     if ctx.args.markdown:
         out.out.append(render_markdown(report))
     else:
