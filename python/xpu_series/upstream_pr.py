@@ -255,6 +255,7 @@ def _accuracy(export: Export, evidence: Evidence, tests_cmd: str) -> list[str]:
         "",
     ]
     check = evidence.check
+    base = "upstream" + "".join(f" + `{d}`" for d in export.depends)
     if check:
         without, with_ = _step(evidence, "fail-without"), _step(evidence, "pass-with")
         out += [
@@ -263,9 +264,9 @@ def _accuracy(export: Export, evidence: Evidence, tests_cmd: str) -> list[str]:
             "",
             "| tree | result |",
             "|---|---|",
-            f"| upstream + the new tests only | "
+            f"| {base} + the new tests only | "
             f"{without['summary'].split(': ', 1)[-1] if without else 'not run'} |",
-            f"| upstream + this pull request | "
+            f"| {base} + this pull request | "
             f"{with_['summary'].split(': ', 1)[-1] if with_ else 'not run'} |",
             "",
         ]
