@@ -236,11 +236,16 @@ class Run:
         self.buildah.run("tag", image, name)
 
     def prune(self, repository: str, prefix: str, keep: str) -> None:
-        """Drop this release's images of an older recipe or input (never read
-        again: every name here is a content key)."""
+        """Drop this release's images of an older recipe or input, with every
+        other name they have (never read again: every name here is a content
+        key, and xpu-serve's tag has moved to the new image)."""
+        kept = self.buildah.image_id(keep)
         for name in self.buildah.images(repository):
-            if name.split(":", 1)[1].startswith(prefix) and name != keep:
-                self.buildah.run("rmi", name, check=False)
+            if not name.split(":", 1)[1].startswith(prefix) or name == keep:
+                continue
+            old = self.buildah.image_id(name)
+            if old and old != kept:
+                self.buildah.run("rmi", "--force", old, check=False)
 
     def python(self, rootfs: Path) -> str:
         """The root filesystem with the virtualenv on PATH, as the official image

@@ -334,17 +334,26 @@ def test_ci_without_the_debian_archive_says_so_and_skips(tmp_path: Path) -> None
 def test_buildah_reads_back_what_it_stored(ci, tmp_path: Path) -> None:
     b = ci.Buildah(tmp_path / "images")
     assert b.image_id("localhost/nothing:here") is None
-    ctr = b.run("from", "--quiet", "scratch").stdout.strip()
-    b.run("config", "--label", "io.example.one=1", "--cmd", '["bash"]', ctr)
-    b.run("commit", "--quiet", "--rm", ctr, "localhost/test/img:a-1")
-    b.run("tag", "localhost/test/img:a-1", "localhost/test/img:a-2")
+    for n in (1, 2, 3):
+        ctr = b.run("from", "--quiet", "scratch").stdout.strip()
+        b.run("config", "--label", f"io.example.n={n}", "--cmd", '["bash"]', ctr)
+        b.run("commit", "--quiet", "--rm", ctr, f"localhost/test/img:a-{n}")
+    b.run("tag", "localhost/test/img:a-1", "localhost/test/served:v1")
+    b.run("tag", "localhost/test/img:a-3", "localhost/test/img:b-3")
     config = b.config("localhost/test/img:a-1")
-    assert config["Labels"]["io.example.one"] == "1" and config["Cmd"] == ["bash"]
+    assert config["Labels"]["io.example.n"] == "1" and config["Cmd"] == ["bash"]
     assert sorted(b.images("localhost/test/img")) == [
         "localhost/test/img:a-1",
         "localhost/test/img:a-2",
+        "localhost/test/img:a-3",
+        "localhost/test/img:b-3",
     ]
+    # An older a- image goes with its other names; another prefix's stays.
     run = ci.Run.__new__(ci.Run)
     run.buildah = b
-    run.prune("localhost/test/img", "a-", "localhost/test/img:a-2")
-    assert b.images("localhost/test/img") == ["localhost/test/img:a-2"]
+    run.prune("localhost/test/img", "a-", "localhost/test/img:a-3")
+    assert sorted(b.images("localhost/test/img")) == [
+        "localhost/test/img:a-3",
+        "localhost/test/img:b-3",
+    ]
+    assert b.image_id("localhost/test/served:v1") is None
