@@ -5,6 +5,7 @@ import tempfile
 import unittest
 from contextlib import ExitStack
 from pathlib import Path
+from types import SimpleNamespace
 from unittest import mock
 
 import torch
@@ -121,7 +122,46 @@ class TestMemProfilingWithoutHistory(CustomTestCase):
             self.assertTrue(started.success, started.message)
             self.assertIn("MEM profiling is not supported", "\n".join(logs.output))
             self.assertFalse(profiler.profile_in_progress)
+            # Another activity kept the profile running: stopping it must not
+            # try to dump a MEM snapshot the device cannot give.
+            profiler.profile_in_progress = True
+            stopped = profiler._stop_profile()
+            self.assertTrue(stopped.success, stopped.message)
             self.assertEqual(list(Path(out).iterdir()), [])
+
+    def test_a_device_memory_module_without_history_is_skipped_too(self):
+        with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
+            platform(stack, is_xpu=True)
+            stack.enter_context(single_rank())
+            # A torch.<device>.memory that keeps no allocator history.
+            stack.enter_context(
+                mock.patch.object(torch.xpu, "memory", SimpleNamespace())
+            )
+            profiler = manager(out)
+            with self.assertLogs(level="WARNING") as logs:
+                started = profiler._start_profile()
+            self.assertTrue(started.success, started.message)
+            self.assertIn("MEM profiling is not supported", "\n".join(logs.output))
+            self.assertFalse(profiler.profile_in_progress)
+
+
+class TestStopWithoutMem(CustomTestCase):
+    def test_stopping_a_profile_without_mem_dumps_nothing(self):
+        history = _History()
+        with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
+            platform(stack, is_xpu=True)
+            stack.enter_context(single_rank())
+            for name, fn in (
+                ("_record_memory_history", history.record),
+                ("_dump_snapshot", history.dump),
+            ):
+                stack.enter_context(mock.patch.object(torch.xpu.memory, name, fn))
+            profiler = manager(out)
+            profiler.profiler_activities = []
+            profiler.profile_in_progress = True
+            stopped = profiler._stop_profile()
+            self.assertTrue(stopped.success, stopped.message)
+            self.assertEqual(history.calls, [])
 
 
 class TestProfileManagerV2Memory(CustomTestCase):
