@@ -405,11 +405,13 @@ class Run:
         for key, value in read["labels"].items():
             self.say(f"{release}: label {key}={value}")
         files = read["status"].get("files") or []
-        self.say(
-            f"{release}: sglang {read['version']}; overlay --status: "
-            f"{sum(f['state'] == 'intact' for f in files)} of {len(files)} files "
-            f"intact; {LAUNCHER} runs"
-        )
+        for problem in problems:
+            self.say(f"{release}: {problem}")
+        if not problems:
+            self.say(
+                f"{release}: sglang {read['version']}; overlay --status: "
+                f"{len(files)} of {len(files)} files intact; {LAUNCHER} runs"
+            )
         if broken and not problems:
             problems += self.broken(release, base, docker, read["status"])
         verdict = "ok" if not problems else "FAILED"
