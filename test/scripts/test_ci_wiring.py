@@ -309,7 +309,8 @@ def test_the_real_steps_cover_every_check(steps) -> None:
     assert tags[0] == "bootstrap"
     for check in ("lint", "hadolint", "actionlint", "tool-tests", "registered",
                   "verify", "mutants", "standin-suite", "overlay", "replay",
-                  "matrix", "benchmarks", "audit"):  # fmt: skip
+                  "matrix", "benchmarks", "audit", "upstream-check",
+                  "image"):  # fmt: skip
         assert check in tags
     # Every command is one this checkout has (or bootstrap puts in .venv).
     for step in real:
