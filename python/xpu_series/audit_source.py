@@ -35,6 +35,7 @@ class TreeFiles:
     blobs: dict[str, str]  # path -> blob id
     root: Path | None = None  # a folder: read from disk
     repo: Path | None = None  # a commit: read from this repository
+    commit: str = ""  # the commit, when read from a repository
 
     def read(self, paths: list[str]) -> dict[str, bytes]:
         if self.root is not None:
@@ -87,7 +88,7 @@ def commit_files(repo: Path, commit: str, label: str) -> TreeFiles:
             blobs[path] = blob
     if f"{PREFIX}__init__.py" not in blobs:
         raise _not_sglang(f"{repo} at {commit[:12]}")
-    return TreeFiles(label, blobs, repo=repo)
+    return TreeFiles(label, blobs, repo=repo, commit=commit)
 
 
 def release_base(project: Project, version: str) -> tuple[Path, str]:

@@ -101,10 +101,21 @@ def _cache_file(cache_dir: Path, key: str) -> Path:
     return cache_dir / "audit-trace" / f"{key}.json"
 
 
-def cached_trace(cache_dir: Path, tree: Path) -> list[TracedCall] | None:
-    """What an earlier run recorded for this tree's content, or None."""
+def commit_key(repo: Path, commit: str) -> str:
+    """trace_key of a clean checkout of `commit`, without checking it out."""
+    tree_id = Git(repo).out("rev-parse", f"{commit}^{{tree}}")
+    text = f"audit-trace {TRACE_FORMAT}\0{tree_id}\0"
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
+
+
+def cached_trace(
+    cache_dir: Path, tree: Path, key: str | None = None
+) -> list[TracedCall] | None:
+    """What an earlier run recorded for this tree's content (or for `key`, a
+    commit_key), or None."""
     try:
-        data = json.loads(_cache_file(cache_dir, trace_key(tree)).read_text())
+        key = key or trace_key(tree)
+        data = json.loads(_cache_file(cache_dir, key).read_text())
         if data.get("format") != TRACE_FORMAT:
             return None
         return [TracedCall(**call) for call in data["calls"]]

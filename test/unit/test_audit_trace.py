@@ -288,6 +288,16 @@ def test_trace_key_follows_the_tree_content(synthetic: Path):
     assert trace_key(synthetic) == committed
 
 
+def test_a_commit_is_keyed_as_a_clean_checkout_of_it(synthetic: Path, tmp_path: Path):
+    from xpu_series.audit_trace import commit_key
+
+    bare = tmp_path / "bare.git"
+    git(tmp_path, "clone", "-q", "--bare", str(synthetic), str(bare))
+    assert commit_key(bare, "HEAD") == trace_key(synthetic)
+    (synthetic / "python/sglang/probe.py").write_text("# edited\n")
+    assert commit_key(bare, "HEAD") != trace_key(synthetic)
+
+
 def test_trace_key_refuses_a_folder_that_is_not_a_repository(tmp_path: Path):
     with pytest.raises(UsageError) as info:
         trace_key(tmp_path)

@@ -32,7 +32,7 @@ from xpu_series.audit_source import (
     release_base,
     series_tree,
 )
-from xpu_series.audit_trace import cached_trace, record_trace
+from xpu_series.audit_trace import cached_trace, commit_key, record_trace
 from xpu_series.audit_triage import load_triage
 from xpu_series.commands import Context, Output, add_tree
 from xpu_series.errors import UsageError
@@ -152,9 +152,19 @@ def run(ctx: Context, project: Project) -> AuditReport:
         traced = _existing(ctx.tree(project))
         files = folder_files(traced)
         pristine_files = _pristine_of(traced)
-    executed, source = None, ""
+    executed: set[tuple[str, int, str]] | None = None
+    source = ""
     if traced is not None and not Git(traced).is_repo() and not args.trace:
         traced = None  # a trace is keyed by the tree's commit: none to read
+    if traced is None and files.repo is not None and not args.trace:
+        # A commit read from a repository: a run on a clean checkout of the same
+        # content (the stand-in test's, say) speaks for it.
+        calls = cached_trace(
+            project.cache_dir, files.repo, commit_key(files.repo, files.commit)
+        )
+        if calls is not None:
+            executed = {(c.file, c.line, c.api) for c in calls}
+            source = f"stand-in run of {files.label}, {len(executed)} call sites"
     if traced is not None:
         calls = cached_trace(project.cache_dir, traced)
         if args.trace:
