@@ -27,7 +27,12 @@ from typing import Any
 
 from xpu_series import audit_guards, audit_scan
 from xpu_series.audit_effects import CUDA_ONLY_PACKAGES, Effect, effect_of
-from xpu_series.audit_reach import device_module, reached_modules, unimportable
+from xpu_series.audit_reach import (
+    blocked_modules,
+    device_module,
+    reached_modules,
+    unimportable,
+)
 from xpu_series.audit_scan import CUDA_PACKAGE, FileScan, RawFinding, scan_source
 from xpu_series.audit_source import TreeFiles
 from xpu_series.audit_triage import TriageEntry, TriageIndex
@@ -221,14 +226,18 @@ class Candidate:
 
 def candidates(scans: dict[str, FileScan]) -> tuple[list[Candidate], int]:
     reached = reached_modules(scans)
+    blocked = blocked_modules(scans)
     out = []
     for path, scan in sorted(scans.items()):
         device = device_module(scan.module)
-        blocked = unimportable(scan)
+        why = blocked.get(scan.module, "")
+        own = bool(unimportable(scan))
         for raw in scan.findings:
-            if blocked and raw.kind != CUDA_PACKAGE:
-                # On XPU the module's import of that package fails first.
-                out.append(Candidate(path, raw, False, f"imports {blocked} first"))
+            if why and not (own and raw.kind == CUDA_PACKAGE):
+                # On XPU importing the module fails before this can run.
+                out.append(
+                    Candidate(path, raw, False, f"XPU cannot import the module: {why}")
+                )
                 continue
             if device and not raw.guard:
                 # Its module serves another device: it runs when that one does.

@@ -12,7 +12,9 @@ Rules (each has a test in test/unit/test_audit_reach.py):
   is an edge to it.
 - a module that imports a CUDA-only package at its top (`unimportable`) cannot
   be imported on XPU: that import is its one finding, the rest are `unreached`,
-  and XPU does not follow its imports;
+  and XPU does not follow its imports; nor can a module that imports such a
+  module at its top, unguarded and untried, or whose package is one
+  (`blocked_modules`; the model registry skips a model that fails to import);
 - a module of another device (a path component names it: `npu`, `hip`, `rocm`,
   `amd`, `musa`, `mps`, `mindspore`, or is exactly `cuda`/`nvidia`) is only used
   when that device is: XPU does not follow its imports, and its findings are
@@ -27,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping
 from functools import cache
 
-from xpu_series.audit_scan import CUDA_PACKAGE, FileScan
+from xpu_series.audit_scan import FileScan
 
 ROOTS = (
     "sglang.launch_server",
@@ -69,12 +71,45 @@ def device_module(module: str) -> str:
 
 
 def unimportable(scan: FileScan) -> str:
-    """The CUDA-only package a module imports at its top, unguarded, or "":
+    """The CUDA-only package a module imports at its top, unconditionally, or "":
     on XPU importing the module fails there, so nothing after it runs."""
-    for finding in scan.findings:
-        if finding.kind == CUDA_PACKAGE and not finding.guard:
-            return finding.api.removeprefix("import:")
-    return ""
+    return scan.blocks
+
+
+def blocked_modules(scans: Mapping[str, FileScan]) -> dict[str, str]:
+    """Modules XPU cannot import, by name, with why: their own top-level import of
+    a CUDA-only package, or a top-level, unguarded, untried import of (or a parent
+    package that is) such a module. sglang's model registry skips a model module
+    whose import fails, so its code never runs on XPU."""
+    modules = {scan.module: scan for scan in scans.values()}
+    blocked = {
+        m: f"imports {pkg}" for m, s in modules.items() if (pkg := unimportable(s))
+    }
+    changed = True
+    while changed:
+        changed = False
+        for module, scan in modules.items():
+            if module in blocked:
+                continue
+            why = next(
+                (
+                    f"its package {p} {blocked[p]}"
+                    for p in _parents(module)
+                    if p in blocked
+                ),
+                "",
+            )
+            for edge in scan.imports:
+                if why or not edge.certain:
+                    continue
+                hit = next((t for t in edge.targets if t in blocked), None)
+                if hit:
+                    root = blocked[hit].rsplit("imports ", 1)[-1]
+                    why = f"imports {hit}, which imports {root}"
+            if why:
+                blocked[module] = why
+                changed = True
+    return blocked
 
 
 def _parents(module: str) -> list[str]:
@@ -89,6 +124,7 @@ def reached_modules(
 ) -> set[str]:
     """The modules (by name) an XPU server can import, from `scans` by path."""
     modules = {scan.module: scan for scan in scans.values()}
+    blocked = blocked_modules(scans)
     packages = tuple(f"{p}." for p in root_packages)
     todo = [m for m in roots if m in modules]
     todo += [m for m in modules if m.startswith(packages)]
@@ -99,7 +135,7 @@ def reached_modules(
             continue
         seen.add(module)
         todo.extend(p for p in _parents(module) if p in modules)
-        if device_module(module) or unimportable(modules[module]):
+        if device_module(module) or module in blocked:
             # Another device's module: its imports are that device's. A module
             # that imports a CUDA-only package stops there on XPU.
             continue

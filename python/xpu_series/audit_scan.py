@@ -53,6 +53,10 @@ class ImportEdge:
     targets: tuple[str, ...]  # candidate module names, most specific last
     guarded: bool  # under a condition that is False on XPU
     lazy: bool  # inside a function (or a string naming a module)
+    tried: bool = False  # inside `try: ... except ImportError` (or broader)
+    # At module level and unconditional (no if, loop, with or try around it):
+    # the module cannot be imported without it.
+    certain: bool = False
 
 
 @dataclass
@@ -63,6 +67,9 @@ class FileScan:
     findings: list[RawFinding] = field(default_factory=list)
     imports: list[ImportEdge] = field(default_factory=list)
     error: str = ""
+    # The CUDA-only package the module imports unconditionally at its top (XPU
+    # cannot import the module), or "".
+    blocks: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -70,6 +77,7 @@ class FileScan:
             "findings": [asdict(f) for f in self.findings],
             "imports": [asdict(i) for i in self.imports],
             "error": self.error,
+            "blocks": self.blocks,
         }
 
     @classmethod
@@ -78,10 +86,17 @@ class FileScan:
             data["module"],
             [RawFinding(**f) for f in data["findings"]],
             [
-                ImportEdge(tuple(i["targets"]), i["guarded"], i["lazy"])
+                ImportEdge(
+                    tuple(i["targets"]),
+                    i["guarded"],
+                    i["lazy"],
+                    i.get("tried", False),
+                    i.get("certain", False),
+                )
                 for i in data["imports"]
             ],
             data["error"],
+            data.get("blocks", ""),
         )
 
 
@@ -250,6 +265,8 @@ class _Scanner(ast.NodeVisitor):
         # Per enclosing function: its node, or the names it binds once asked.
         self.locals: list[Any] = []
         self.try_import = 0  # enclosing `try: ... except ImportError`
+        self.conditional = 0  # enclosing if, loop, with or match
+        self.blocks = ""
         self.functions = 0
         self.torch_aliases = {"torch"}
         self.cuda_aliases: dict[str, str] = {}  # `from torch import cuda` and kin
@@ -405,7 +422,33 @@ class _Scanner(ast.NodeVisitor):
         return
 
     # --- guards ------------------------------------------------------------
+    def _conditionally(self, node: ast.AST) -> None:
+        """Visit a compound statement that may skip or catch what it holds."""
+        self.conditional += 1
+        try:
+            self._compound(node)
+        finally:
+            self.conditional -= 1
+
     def visit_If(self, node: ast.If) -> None:
+        self.conditional += 1
+        try:
+            self._visit_if(node)
+        finally:
+            self.conditional -= 1
+
+    def visit_For(self, node: ast.For) -> None:
+        self._conditionally(node)
+
+    visit_AsyncFor = visit_For
+    visit_With = visit_For
+    visit_AsyncWith = visit_For
+    visit_Match = visit_For
+
+    def _compound(self, node: ast.AST) -> None:
+        self.generic_visit(node)
+
+    def _visit_if(self, node: ast.If) -> None:
         self.visit(node.test)
         truth = xpu_truth(node.test, self.env)
         cond = describe(node.test)
@@ -421,6 +464,13 @@ class _Scanner(ast.NodeVisitor):
             self.block(node.orelse)
 
     def visit_While(self, node: ast.While) -> None:
+        self.conditional += 1
+        try:
+            self._visit_while(node)
+        finally:
+            self.conditional -= 1
+
+    def _visit_while(self, node: ast.While) -> None:
         self.visit(node.test)
         if xpu_truth(node.test, self.env) is False:
             self.under(f"`while {describe(node.test)}` is False on XPU", node.body)
@@ -484,12 +534,25 @@ class _Scanner(ast.NodeVisitor):
     # --- imports -----------------------------------------------------------
     def _edge(self, targets: list[str]) -> None:
         self.imports.append(
-            ImportEdge(tuple(targets), bool(self.guards), self.functions > 0)
+            ImportEdge(
+                tuple(targets),
+                bool(self.guards),
+                self.functions > 0,
+                self.try_import > 0,
+                self.certain and not self.guards,
+            )
         )
+
+    @property
+    def certain(self) -> bool:
+        """At module level with nothing around that may skip or catch it."""
+        return not (self.functions or self.try_import or self.conditional)
 
     def _package_import(self, node: ast.AST, top: str) -> None:
         if top in self.cuda_packages and not self.functions and not self.try_import:
             self.add(node, f"import:{top}", CUDA_PACKAGE)
+            if self.certain and not self.guards and not self.blocks:
+                self.blocks = top
 
     def visit_Import(self, node: ast.Import) -> None:
         for alias in node.names:
@@ -657,7 +720,9 @@ def scan_source(
             gc.enable()
     scanner = _Scanner(module, package, cuda_packages)
     scanner.visit(tree)
-    return FileScan(module, _called_only_guarded(scanner), scanner.imports)
+    return FileScan(
+        module, _called_only_guarded(scanner), scanner.imports, blocks=scanner.blocks
+    )
 
 
 def _called_only_guarded(scanner: _Scanner) -> list[RawFinding]:

@@ -1,4 +1,4 @@
-"""audit: each rule on a small synthetic tree (scanner, guards, reach, triage, views)."""
+"""audit: each rule on a small synthetic tree (scanner, guards, reach, triage)."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import textwrap
 from pathlib import Path
 
 import pytest
-
 from conftest import Project
+
 from xpu_series.audit_reach import device_module, reached_modules
 from xpu_series.audit_scan import scan_source
 from xpu_series.audit_triage import load_triage
@@ -529,7 +529,9 @@ def test_a_module_importing_a_cuda_only_package_stops_there_on_xpu() -> None:
     found_here = {c.raw.api: c for c in candidates(scanned)[0]}
     assert found_here["import:flashinfer"].reached
     assert not found_here["Tensor.cuda"].reached
-    assert found_here["Tensor.cuda"].why_unreached == "imports flashinfer first"
+    assert found_here["Tensor.cuda"].why_unreached == (
+        "XPU cannot import the module: imports flashinfer"
+    )
 
 
 def test_a_private_helper_only_guarded_code_uses_is_guarded() -> None:
@@ -608,3 +610,35 @@ def test_platform_flags_and_backend_predicates_are_guards_not_tensor_tests() -> 
     assert device_module("sglang.srt.distributed.device_communicators.hpu_comm") == (
         "hpu"
     )
+
+
+def test_a_module_importing_an_unimportable_module_at_its_top_is_unimportable() -> None:
+    from xpu_series.audit import candidates
+    from xpu_series.audit_reach import blocked_modules
+
+    files = {
+        "python/sglang/srt/kernels/cute/__init__.py": "import cutlass_dsl_pkg\n",
+        "python/sglang/srt/kernels/cute/attn.py": "X = 1\n",
+        "python/sglang/srt/models/inkling.py": (
+            "from sglang.srt.kernels.cute.attn import X\n"
+            "def f():\n    torch.cuda.synchronize()\n"
+        ),
+        "python/sglang/srt/models/tried.py": (
+            "try:\n    from sglang.srt.kernels.cute import attn\n"
+            "except ImportError:\n    attn = None\n"
+            "def f():\n    torch.cuda.synchronize()\n"
+        ),
+    }
+    scanned = {
+        p: scan_source(c, p, frozenset({"cutlass_dsl_pkg"})) for p, c in files.items()
+    }
+    blocked = blocked_modules(scanned)
+    assert blocked["sglang.srt.kernels.cute"] == "imports cutlass_dsl_pkg"
+    assert blocked["sglang.srt.kernels.cute.attn"].startswith("its package")
+    assert blocked["sglang.srt.models.inkling"] == (
+        "imports sglang.srt.kernels.cute.attn, which imports cutlass_dsl_pkg"
+    )
+    assert "sglang.srt.models.tried" not in blocked
+    by_file = {c.file: c for c in candidates(scanned)[0] if c.raw.kind == "torch-cuda"}
+    assert not by_file["python/sglang/srt/models/inkling.py"].reached
+    assert by_file["python/sglang/srt/models/tried.py"].reached
