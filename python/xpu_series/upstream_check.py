@@ -305,7 +305,8 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
             "pass-with",
             passing and isolated and not bad,
             f"{base} + export: {describe(result.with_export)}"
-            + ("" if isolated else f"; sys.path not isolated ({leaks or imported})")
+            + (f"; project folders on sys.path: {leaks}" if leaks else "")
+            + ("" if not imported or isolated else f"; sglang came from {imported}")
             + (f"; {'; '.join(bad)}" if bad else ""),
             "" if passing else with_export.get("log", ""),
         )

@@ -27,6 +27,8 @@ class ExportedTest:
     dropped: list[str] = field(default_factory=list)
     # Data files the test reads, shipped beside it: (path, bytes).
     data: list[tuple[str, bytes]] = field(default_factory=list)
+    # Every top-level name the inlining brought in (helpers and what they need).
+    inlined_names: set[str] = field(default_factory=set)
 
 
 class ExportError(XpuSeriesError):
@@ -195,16 +197,45 @@ def _test_classes(spec: list[str], rel: str) -> set[str] | None:
 def export_test(
     root: Path, rel: str, keep: set[str] | None = None, reason: str = ""
 ) -> ExportedTest:
-    """`rel` made self-contained: project helpers inlined, test classes outside
-    `keep` dropped (with `reason`), and what only the removed code used."""
-    source = (root / rel).read_text(encoding="utf-8")
+    """`rel` made self-contained: project helpers inlined (and the helpers they
+    import, in turn), test classes outside `keep` dropped (with `reason`), and
+    what only the removed code used."""
+    result = ExportedTest(rel, "")
+    text = (root / rel).read_text(encoding="utf-8")
+    for _depth in range(_MAX_HELPER_DEPTH):
+        text, inlined = _one_pass(root, rel, text, keep, reason, result)
+        keep = None  # classes are dropped once, from the test itself
+        if not inlined:
+            break
+    else:
+        raise ExportError(
+            f"{rel}'s helpers import helpers more than {_MAX_HELPER_DEPTH} deep",
+            hint="import what the test needs from the helper that defines it",
+        )
+    result.text = re.sub(r"\n{4,}", "\n\n\n", text)
+    result.data = _data_files(root, rel, result.text)
+    return result
+
+
+# How many times a helper may import another helper.
+_MAX_HELPER_DEPTH = 5
+
+
+def _one_pass(
+    root: Path,
+    rel: str,
+    source: str,
+    keep: set[str] | None,
+    reason: str,
+    result: ExportedTest,
+) -> tuple[str, bool]:
+    """One round: the helper imports of `source` inlined; whether there were any."""
     try:
         tree = ast.parse(source)
     except SyntaxError as exc:
         raise ExportError(
             f"{rel} does not parse: {exc}", hint="fix the test, then export again"
         ) from exc
-    result = ExportedTest(rel, "")
     removed: list[_Stmt] = []
     helper_modules: list[str] = []
     inline: dict[Path, set[str]] = {}
@@ -262,9 +293,7 @@ def export_test(
     text = "\n".join(body) + "\n"
     if inline:
         text = _insert_helpers(text, inline, result, rel)
-    result.text = re.sub(r"\n{4,}", "\n\n\n", text)
-    result.data = _data_files(root, rel, result.text)
-    return result
+    return text, bool(inline)
 
 
 def _helper_of(root: Path, node: ast.ImportFrom) -> Path | None:
@@ -328,7 +357,12 @@ def _insert_helpers(
     imports: list[str] = []
     for path, names in sorted(inline.items()):
         helper = _Helper.read(path)
+        names = names - defined  # inlined already, from another import of it
+        if not names:
+            continue
         chosen, needed = helper.closure(names)
+        # A definition an earlier round inlined is there already.
+        chosen = [c for c in chosen if not c.names() <= result.inlined_names]
         clash = sorted(defined & {n for s in chosen for n in s.names()})
         if clash:
             raise ExportError(
@@ -337,6 +371,7 @@ def _insert_helpers(
                 hint="rename the test's own definition",
             )
         result.inlined.append((path.stem, tuple(sorted(names))))
+        result.inlined_names |= {n for c in chosen for n in c.names()}
         defs += [helper.text_of(s) for s in chosen]
         imports += needed
     lines = text.splitlines()

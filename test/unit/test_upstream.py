@@ -400,3 +400,32 @@ def test_json_output_names_the_revision_and_its_files(up: Project) -> None:
     assert data["tests"] == [TEST_PATH]
     assert data["functions"] == ["other.py: answer"]
     assert Path(data["pr"]).is_file() and Path(data["patch_file"]).is_file()
+
+
+def test_a_helper_that_imports_a_helper_is_inlined_too(tmp_path: Path) -> None:
+    from xpu_series.upstream_tests import export_test
+
+    unit = tmp_path / "test/registered/unit"
+    (unit / "srt").mkdir(parents=True)
+    (unit / "helpers.py").write_text(HELPERS)
+    (unit / "deep.py").write_text(
+        "import sys\nfrom pathlib import Path\n\n"
+        "sys.path.insert(0, str(Path(__file__).resolve().parent))\n"
+        "from helpers import ANSWER, expected  # noqa: E402\n\n\n"
+        "def same() -> bool:\n    return expected() == ANSWER\n"
+    )
+    (tmp_path / TEST_PATH).write_text(
+        TEST.replace("from helpers import expected", "from deep import same")
+        .replace("other.answer(), expected()", "same(), True")
+    )  # fmt: skip
+    exported = export_test(tmp_path, TEST_PATH)
+    text = exported.text
+    assert [m for m, _names in exported.inlined] == ["deep", "helpers"]
+    assert "import deep" not in text and "from helpers" not in text
+    assert "sys.path" not in text
+    for definition in ("def same()", "def expected()", "ANSWER = 42"):
+        assert text.count(definition) == 1
+    ast.parse(text)
+    # After the imports and the registration, before the tests that use them.
+    at = text.index
+    assert at("register_cpu_ci(est") < at("def expected()") < at("class TestAnswer")
