@@ -308,7 +308,7 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
             + (f"; project folders on sys.path: {leaks}" if leaks else "")
             + ("" if not imported or isolated else f"; sglang came from {imported}")
             + (f"; {'; '.join(bad)}" if bad else ""),
-            "" if passing else with_export.get("log", ""),
+            "" if passing else _neighbours(export) + with_export.get("log", ""),
         )
     )
     # 4. upstream's collector: registered, in a suite that exists.
@@ -334,6 +334,18 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
     )
     result.seconds = time.monotonic() - began
     return result
+
+
+def _neighbours(export: Export) -> str:
+    """Why tests that pass in the series can fail on pristine upstream."""
+    if not export.neighbours:
+        return ""
+    return (
+        f"The series carries {', '.join(export.neighbours)} below this patch, "
+        "changing the same files; the export applies without it, but its tests "
+        "may need that change: move such a test to that patch's Tests:, or "
+        "make it independent of it.\n"
+    )
 
 
 def _collect(data: dict[str, Any], tests: list[str]) -> StepResult:

@@ -69,6 +69,8 @@ class Export:
     functions: list[str] = field(default_factory=list)
     # Tests: files that stay home (real-server tests), with why.
     left_out: list[str] = field(default_factory=list)
+    # Earlier carried patches that change the same files (not built on).
+    neighbours: list[str] = field(default_factory=list)
 
     @property
     def test_paths(self) -> list[str]:
@@ -91,6 +93,7 @@ class Export:
             "dropped": {t.path: t.dropped for t in self.tests},
             "functions": self.functions,
             "left_out": self.left_out,
+            "neighbours": self.neighbours,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -383,8 +386,14 @@ def export_patch(project: Project, tree: Path, word: str) -> Export:
         out = folder / f"v{revision}"
         os.replace(staging, out)
     patch_file = out / made.name
+    neighbours = [
+        name
+        for name, sha in before
+        if name not in depends and _files_of(git, sha) & set(code)
+    ]
     export = Export(target, out, revision, not same, patch_file, base, depends, code,
-                    tests, changed_functions(git, base, code), left_out)  # fmt: skip
+                    tests, changed_functions(git, base, code), left_out,
+                    neighbours)  # fmt: skip
     (out / "export.json").write_text(
         json.dumps(export.meta(), indent=2, sort_keys=True) + "\n"
     )
