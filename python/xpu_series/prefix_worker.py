@@ -45,12 +45,25 @@ def _forget(root: Path) -> None:
             del sys.modules[name]
 
 
+def fresh_metrics() -> None:
+    """Forget the prometheus metrics the worker's imports registered: sglang
+    registers some when its modules load (mooncake's session counters), and the
+    fork's fresh import would find them taken (DuplicateTimeseries)."""
+    registry = getattr(sys.modules.get("prometheus_client.registry"), "REGISTRY", None)
+    if registry is None:
+        return
+    with registry._lock:
+        registry._collector_to_names.clear()
+        registry._names_to_collectors.clear()
+
+
 def _child(root: Path, run: dict, started_on: str | None) -> None:
     import importlib
 
     import pytest
 
     _forget(root)
+    fresh_metrics()
     folder = run.get("python")
     if folder:
         # This run's tree in front, the one the worker started on gone: an

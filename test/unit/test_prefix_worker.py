@@ -134,3 +134,15 @@ def test_a_worker_killed_between_runs_is_replaced(
     assert results == {"prefix-0": {key: "failed"}, "prefix-1": {key: "passed"}}
     assert "new worker" in " ".join(heard)
     assert not _children("xpu_series.prefix_worker"), "a worker was left running"
+
+
+def test_a_fork_can_register_the_metrics_its_worker_imported_again() -> None:
+    prometheus = pytest.importorskip("prometheus_client", reason="no prometheus_client")
+    from xpu_series.prefix_worker import fresh_metrics
+
+    prometheus.Counter("xpu_series_probe_total", "registered by the worker")
+    with pytest.raises(ValueError):  # what a fork's fresh import of sglang hit
+        prometheus.Counter("xpu_series_probe_total", "registered again")
+    fresh_metrics()
+    prometheus.Counter("xpu_series_probe_total", "registered by the fork")
+    fresh_metrics()
