@@ -96,18 +96,6 @@ class TestMooncakeKvSendOnXpu(CustomTestCase):
         self.assertEqual(xpu.made, [event])
         self.assertEqual(run.req.start_send_idx, len(PAGES) * 4)
 
-    def test_an_early_sent_prefix_waits_for_the_forward_and_the_copy_on_xpu(self):
-        with ExitStack() as stack:
-            xpu = xpu_build(stack)
-            run = KvSend(stack, "xpu", cached_tokens=8)
-            run.scheduler.maybe_send_cached_prefix_chunk(run.req)
-            chunks = run.chunks()
-        self.assertEqual([c.prefill_kv_indices.tolist() for c in chunks], [PAGES[:2]])
-        chunk = chunks[0]
-        self.assertEqual(chunk.wait_event.recorded_on, [run.scheduler.forward_stream])
-        self.assertEqual(chunk.indices_event.recorded_on, [xpu.current])
-        self.assertEqual(xpu.made, [chunk.wait_event, chunk.indices_event])
-
 
 class TestMooncakeKvSendOnCuda(CustomTestCase):
     def test_cuda_keeps_its_torch_cuda_event_on_the_current_stream(self):
