@@ -10,7 +10,8 @@ changed), and report each step's time from build/reports/steps.json.
 
 --quick reads build/reports/steps.json (what scripts/test writes as it goes) and
 prints the same table; --quick-all is what CI runs so no benchmark rots: the
-quick mode of bench_apply, bench_matrix, bench_rebase and bench_audit, then
+quick mode of bench_apply, bench_matrix, bench_rebase, bench_audit and bench_upstream,
+then
 --quick.
 bench_chunked_prefill needs a server: its quick mode runs in test/standin.
 Standard library only.
@@ -30,7 +31,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = Path("build") / "reports" / "steps.json"
-QUICK = ("bench_apply.py", "bench_matrix.py", "bench_rebase.py", "bench_audit.py")
+QUICK = (
+    "bench_apply.py",
+    "bench_matrix.py",
+    "bench_rebase.py",
+    "bench_audit.py",
+    "bench_upstream.py",
+)
 
 
 def load_steps(path: Path, field: str = "seconds") -> dict[str, float]:
