@@ -10,9 +10,8 @@ changed), and report each step's time from build/reports/steps.json.
 
 --quick reads build/reports/steps.json (what scripts/test writes as it goes) and
 prints the same table; --quick-all is what CI runs so no benchmark rots: the
-quick mode of bench_apply, bench_matrix, bench_rebase, bench_audit and bench_upstream,
-then
---quick.
+quick mode of bench_apply, bench_matrix, bench_rebase, bench_audit and
+bench_upstream, then --quick.
 bench_chunked_prefill needs a server: its quick mode runs in test/standin.
 Standard library only.
 """
