@@ -93,3 +93,31 @@ def single_rank():
         except ValueError:  # not a parallel field of this release
             continue
     return stack
+
+
+# Tensors as torch reports them on a device this CPU runner does not have, for
+# code that decides by `is_cuda` / `device.type`; their record_stream calls (the
+# boundary: a stream-ordered free) land in RECORDED.
+RECORDED: list = []
+
+
+def _device_tensor(device: str, cuda: bool) -> type:
+    import torch
+
+    def record_stream(self, stream) -> None:
+        RECORDED.append((self, stream))
+
+    # Tensors computed from one (indexing, arithmetic, cat) keep its class.
+    return type(
+        f"{device.capitalize()}Tensor",
+        (torch.Tensor,),
+        {
+            "device": property(lambda self: torch.device(device, 0)),
+            "is_cuda": property(lambda self: cuda),
+            "record_stream": record_stream,
+        },
+    )
+
+
+XpuTensor = _device_tensor("xpu", cuda=False)
+CudaTensor = _device_tensor("cuda", cuda=True)

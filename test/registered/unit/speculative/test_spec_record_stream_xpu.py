@@ -18,7 +18,7 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from standins import standin  # noqa: E402
+from standins import RECORDED, CudaTensor, XpuTensor, standin  # noqa: E402
 
 register_cpu_ci(est_time=6, suite="base-a-test-cpu")
 
@@ -27,34 +27,6 @@ NOT_COMPILED = "Torch not compiled with CUDA enabled"
 # What the caching allocator was told, in order: (tensor, stream). It is the
 # boundary: on a GPU record_stream defers the block's reuse until `stream` is
 # done; here the stand-in tensors below note the call instead.
-RECORDED: list = []
-
-
-class XpuTensor(torch.Tensor):
-    """A tensor in XPU memory as torch reports it: on xpu:0 and not is_cuda."""
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("xpu", 0)
-
-    @property
-    def is_cuda(self) -> bool:
-        return False
-
-    def record_stream(self, stream) -> None:
-        RECORDED.append((self, stream))
-
-
-class CudaTensor(XpuTensor):
-    """The same on an NVIDIA (or ROCm) device."""
-
-    @property
-    def device(self) -> torch.device:
-        return torch.device("cuda", 0)
-
-    @property
-    def is_cuda(self) -> bool:
-        return True
 
 
 class HostTensor(torch.Tensor):
