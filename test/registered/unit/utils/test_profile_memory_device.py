@@ -48,12 +48,33 @@ def platform(stack: ExitStack, **flags: bool) -> None:
     for name in ("is_cuda", "is_hip", "is_npu", "is_xpu", "is_musa"):
         value = flags.get(name, False)
         stack.enter_context(mock.patch.object(common, name, lambda v=value: v))
-    common.get_device_module.cache_clear()
-    stack.callback(common.get_device_module.cache_clear)
+    if flags.get("is_xpu"):
+        # What torch answers on an XPU build (0.5.20's get_device_module asks it).
+        stack.enter_context(
+            mock.patch.object(torch, "get_device_module", return_value=torch.xpu)
+        )
+    cache_clear = getattr(common.get_device_module, "cache_clear", None)
+    if cache_clear:  # cached from 0.5.21 on
+        cache_clear()
+        stack.callback(cache_clear)
     for name in ("_record_memory_history", "_dump_snapshot"):
         stack.enter_context(
             mock.patch.object(torch.cuda.memory, name, _cuda_not_compiled)
         )
+
+
+def no_accelerator() -> ExitStack:
+    """A CPU-only machine: no accelerator, and the device module is torch.cpu
+    (older releases ask torch.get_device_module(), which answers torch.cuda on a
+    CUDA-built torch even without a GPU)."""
+    stack = ExitStack()
+    stack.enter_context(
+        mock.patch.object(torch.accelerator, "current_accelerator", return_value=None)
+    )
+    stack.enter_context(
+        mock.patch.object(torch, "get_device_module", return_value=torch.cpu)
+    )
+    return stack
 
 
 def manager(output_dir: str) -> SchedulerProfilerManager:
@@ -111,11 +132,7 @@ class TestMemProfilingWithoutHistory(CustomTestCase):
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
             platform(stack)  # no accelerator: torch.cpu, which keeps no history
             stack.enter_context(single_rank())
-            stack.enter_context(
-                mock.patch.object(
-                    torch.accelerator, "current_accelerator", return_value=None
-                )
-            )
+            stack.enter_context(no_accelerator())
             profiler = manager(out)
             with self.assertLogs(level="WARNING") as logs:
                 started = profiler._start_profile()
@@ -204,11 +221,7 @@ class TestProfileManagerV2Memory(CustomTestCase):
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
             platform(stack)
             stack.enter_context(single_rank())
-            stack.enter_context(
-                mock.patch.object(
-                    torch.accelerator, "current_accelerator", return_value=None
-                )
-            )
+            stack.enter_context(no_accelerator())
             inner = self.make(str(Path(out) / "traces"))
             with self.assertLogs(level="WARNING") as logs:
                 inner.start()
