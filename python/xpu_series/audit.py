@@ -100,7 +100,6 @@ class AuditReport:
     triage: list[tuple[TriageEntry, int]] = field(default_factory=list)
     since: str = ""
     executed_source: str = ""
-    series_label: str = ""  # the tree whose differences make findings `patched`
     cached: bool = False
     seconds: float = 0.0
 
@@ -359,11 +358,9 @@ def run_audit(
     found, reached = candidates(scans)
     fixed = None
     extra: list[Finding] = []
-    label = ""
     if series_files is not None:
         series_found, _ = candidates(scan_tree(series_files, cache, say)[0])
         fixed = fixed_by_series(found, series_found)
-        label = series_files.label
     findings, covered = judge(found, triage, fixed, executed)
     if pristine_files is not None:
         pristine_found, _ = candidates(scan_tree(pristine_files, cache, say)[0])
@@ -376,7 +373,6 @@ def run_audit(
             for f in extra
             if f.patched
         ]
-        label = pristine_files.label
     findings += extra
     if since_files is not None:
         older, _ = candidates(scan_tree(since_files, cache, say)[0])
@@ -391,7 +387,6 @@ def run_audit(
         triage=covered,
         since=since,
         executed_source=executed_source,
-        series_label=label,
         cached=cached,
         seconds=time.monotonic() - start,
     )

@@ -7,7 +7,6 @@ from typing import Any
 from xpu_series import __version__
 from xpu_series.audit import EXPOSED, VERDICTS, AuditReport, Finding, grouped
 from xpu_series.audit_scan import KINDS
-from xpu_series.ui import table
 
 # What each finding kind is, for SARIF's rules and the report's legend.
 RULES = {
@@ -213,8 +212,3 @@ def render_sarif(report: AuditReport) -> dict[str, Any]:
             }
         ],
     }
-
-
-def effect_table(report: AuditReport) -> str:
-    rows = [[k, str(v)] for k, v in sorted(report.count("effect").items())]
-    return table(["effect", "findings"], rows)

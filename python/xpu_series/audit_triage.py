@@ -57,10 +57,7 @@ class TriageIndex:
             ]
             self._by_file[file] = candidates
         for i in candidates:
-            entry = self.entries[i]
-            if (not entry.function or fnmatchcase(function, entry.function)) and (
-                not entry.api or fnmatchcase(api, entry.api)
-            ):
+            if self.entries[i].matches(file, function, api):
                 return i
         return None
 
