@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import importlib
 import json
 import os
 import shutil
@@ -81,6 +82,29 @@ def _holds(module: object, name: str, doomed: set[str]) -> bool:
     return False
 
 
+def _preload(loaded: Path) -> None:
+    """Import here what the baseline's tests imported only as they ran (a test
+    that imports each model's module in its body): a narrow fork then imports
+    only the mutated module and what holds it, not every such module again. A
+    module that does not import here is left to the forks, as before."""
+    try:
+        names = json.loads(loaded.read_text())
+    except (OSError, ValueError):
+        return
+    sys.dont_write_bytecode = False
+    with open(os.devnull, "w") as sink:
+        with contextlib.redirect_stdout(sink), contextlib.redirect_stderr(sink):
+            for name in names:
+                if name in sys.modules:
+                    continue
+                try:
+                    importlib.import_module(name)
+                except (Exception, SystemExit):  # noqa: BLE001 - any import may fail
+                    continue
+    sys.dont_write_bytecode = True
+    gc.freeze()
+
+
 def _module_name(python: Path, path: Path) -> str:
     """sglang/srt/a.py -> sglang.srt.a; a package's __init__.py -> the package."""
     parts = list(path.relative_to(python).with_suffix("").parts)
@@ -145,8 +169,10 @@ def _run_child(
     timing: Path,
     module: str | None,
     order: dict[str, float] | None,
+    loaded: Path | None = None,
 ) -> None:
-    """In the forked child: fresh imports, quiet pytest, exit with its code."""
+    """In the forked child: fresh imports, quiet pytest, exit with its code;
+    with `loaded`, the sglang modules the run imported are written there."""
     import pytest
 
     # A scratch working directory of its own: what a mutated path writes lands
@@ -165,6 +191,9 @@ def _run_child(
     code = pytest.main(["-q", "-x", "-p", "no:cacheprovider", "-p", "no:randomly",
                         "--rootdir", str(root), *tests], plugins=[clock])  # fmt: skip
     timing.write_text(json.dumps(clock.durations))
+    if loaded is not None:
+        names = [n for n in sys.modules if n == "sglang" or n.startswith("sglang.")]
+        loaded.write_text(json.dumps(names))
     os._exit(HUNG if clock.hung else int(code))
 
 
@@ -175,16 +204,18 @@ def _run(
     limits: dict[str, float] | None,
     module: str | None = None,
     order: dict[str, float] | None = None,
+    loaded: Path | None = None,
 ) -> tuple[str, float, dict[str, float]]:
     """(outcome, seconds, each test's seconds) of one run in a fork; `module`:
-    forget only what holds it (see _purge); `order`: quickest tests first."""
+    forget only what holds it (see _purge); `order`: quickest tests first;
+    `loaded`: where the fork lists the sglang modules it imported."""
     start = time.monotonic()
     timing = Path(os.environ["XPU_MUTANT_SCRATCH"]) / "timing.json"
     timing.unlink(missing_ok=True)
     pid = os.fork()
     if pid == 0:
         try:
-            _run_child(root, tests, limits, timing, module, order)
+            _run_child(root, tests, limits, timing, module, order, loaded)
         finally:
             os._exit(70)
     while True:
@@ -231,12 +262,16 @@ def main(argv: list[str]) -> int:
     gc.freeze()
     with results.open("w") as out:
         # The unmutated tests get long enough for anything short of a hang.
-        baseline, seconds, durations = _run(root, tests, BASELINE_LIMIT_S, None)
+        loaded = Path(scratch) / "loaded.json"
+        baseline, seconds, durations = _run(
+            root, tests, BASELINE_LIMIT_S, None, loaded=loaded
+        )
         out.write(json.dumps({"id": "baseline", "outcome": baseline,
                               "seconds": seconds}) + "\n")  # fmt: skip
         out.flush()
         if baseline != "survived":
             return 1
+        _preload(loaded)
         # A mutant that runs three times as long as the tests do unmutated, plus
         # slack for a busy machine, hangs: a timeout counts as killed.
         timeout = max(spec["timeout"], seconds * 3 + 10)

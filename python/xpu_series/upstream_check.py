@@ -7,69 +7,17 @@ import hashlib
 import json
 import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xpu_series.bytecode import prime
-from xpu_series.git import run_command
 from xpu_series.project import Project
 from xpu_series.upstream_export import Export, Workspace
 from xpu_series.upstream_lint import added_lines, lint_files, load_conventions
+from xpu_series.upstream_runner import SERVER, TestServer
 from xpu_series.upstream_tests import imports_of
-
-# Drops every sys.path entry inside the project except the interpreter's own
-# (.venv lives in the checkout), then puts the scratch tree's python/ first.
-_ISOLATE = r"""
-import json, os, sys
-def _inside(path, folder):
-    path, folder = os.path.realpath(path or "."), os.path.realpath(folder)
-    return path == folder or path.startswith(folder + os.sep)
-_project = os.environ.pop("XPU_UPSTREAM_PROJECT")
-sys.path[:] = [os.path.join(os.getcwd(), "python")] + [
-    p for p in sys.path if not _inside(p, _project) or _inside(p, sys.prefix)
-]
-_leaks = [p for p in sys.path[1:]
-          if _inside(p, _project) and not _inside(p, sys.prefix)]
-"""
-
-_PYTEST = _ISOLATE + r"""
-import pytest
-out, collect, tests = sys.argv[1], sys.argv[2] == "collect", sys.argv[3:]
-outcomes = {}
-class Outcomes:
-    def pytest_runtest_logreport(self, report):
-        if report.when == "call" or report.outcome != "passed":
-            kind = report.outcome
-            if report.outcome == "failed" and report.when != "call":
-                kind = "error"
-            if outcomes.get(report.nodeid) in (None, "passed"):
-                outcomes[report.nodeid] = kind
-    def pytest_collectreport(self, report):
-        if report.failed:
-            outcomes[report.nodeid or "<collection>"] = "error"
-code = pytest.main(
-    ["-q", "-p", "no:cacheprovider", "--rootdir", os.getcwd(),
-     "-c", os.environ["XPU_UPSTREAM_INI"], "--confcutdir", os.getcwd(), *tests],
-    plugins=[Outcomes()],
-)
-mod = sys.modules.get("sglang")
-data = {"outcomes": outcomes, "exit": int(code), "leaks": _leaks,
-        "sglang": getattr(mod, "__file__", None)}
-if collect:
-    # Upstream's collector, from the same tree (sglang is imported already).
-    try:
-        from sglang.test.ci.ci_register import collect_tests
-        data["registries"] = [
-            dict(file=r.filename, backend=r.backend.name, suite=r.effective_suite,
-                 est_time=r.est_time, nightly=r.nightly, disabled=r.disabled)
-            for r in collect_tests(tests, sanity_check=True)]
-    except (ImportError, ValueError) as exc:
-        data["collect_error"] = f"{type(exc).__name__}: {exc}"
-json.dump(data, open(out, "w"))
-"""  # fmt: skip
 
 
 @dataclass
@@ -127,45 +75,19 @@ def describe(outcomes: dict[str, str]) -> str:
     return text + (f", {t['skipped']} skipped" if t["skipped"] else "")
 
 
-def _python(project: Project, work: Path, script: str, args: list[str]) -> dict:
-    """Run `script` in the work tree with no project folder on sys.path; what it
-    wrote to its JSON file."""
-    with tempfile.TemporaryDirectory(prefix="xpu-upstream-") as tmp:
-        out = Path(tmp) / "out.json"
-        ini = Path(tmp) / "pytest.ini"
-        ini.write_text("[pytest]\n")
-        env = {
-            "XPU_UPSTREAM_PROJECT": str(project.root),
-            "XPU_UPSTREAM_INI": str(ini),
-            # Processes the tests start import sglang from the scratch tree too.
-            "PYTHONPATH": str(work / "python"),
-            "PYTHONNOUSERSITE": "1",
-            "PYTHONDONTWRITEBYTECODE": "1",
-        }
-        ran = run_command(
-            [sys.executable, "-c", script, str(out), *args], cwd=work, env=env
-        )
-        try:
-            data = json.loads(out.read_text())
-        except (OSError, ValueError):
-            data = {}
-        data["log"] = (ran.stdout[-3000:] + ran.stderr[-2000:]).strip()
-        return data
-
-
 # Bumped when what a stored run means changes (the runner script, its output).
-_CACHE_FORMAT = "1"
+_CACHE_FORMAT = "2"
 
 
 def _tests_on(
-    project: Project, work: Workspace, mode: str, tests: list[str]
+    project: Project, work: Workspace, server: TestServer, mode: str, tests: list[str]
 ) -> dict[str, Any]:
     """The runner's answer for the work tree's index as it is: from the cache
     when the same tree, tests and interpreter ran before (a run that produced
     outcomes only)."""
     tree_id = work.git.out("write-tree")
     h = hashlib.sha256()
-    for part in (_CACHE_FORMAT, _PYTEST, sys.executable, sys.version, tree_id, mode):
+    for part in (_CACHE_FORMAT, SERVER, sys.executable, sys.version, tree_id, mode):
         h.update(part.encode() + b"\0")
     for test in tests:
         h.update(test.encode() + b"\0")
@@ -177,7 +99,7 @@ def _tests_on(
         return data
     except (OSError, ValueError):
         pass
-    data = _python(project, work.root, _PYTEST, [mode, *tests])
+    data = server.run(mode, tests)
     if data.get("outcomes"):
         cache.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".tmp")
@@ -243,9 +165,12 @@ def _wheel_requirements(project: Project) -> set[str]:
     return out
 
 
-def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
+def run_check(
+    project: Project, export: Export, tree: Path, server: TestServer
+) -> CheckResult:
     """The five steps; each one runs even when an earlier one failed, except
-    the tests when the export does not apply."""
+    the tests when the export does not apply. `server` runs the tests in the
+    scratch work tree (one per invocation, shared by the patches it checks)."""
     began = time.monotonic()
     result = CheckResult()
     work = Workspace(project, tree)
@@ -276,7 +201,7 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
         git.run("checkout", export.base, "--", *old)
     if added:
         git.run("rm", "-q", "-f", "--", *added)
-    without = _tests_on(project, work, "run", tests)
+    without = _tests_on(project, work, server, "run", tests)
     git.run("checkout", "HEAD", "--", *export.code)
     result.without = without.get("outcomes", {})
     tally = _tally(result.without)
@@ -291,7 +216,7 @@ def run_check(project: Project, export: Export, tree: Path) -> CheckResult:
         )
     )
     # 3. the tests on pristine + the whole export: all pass.
-    with_export = _tests_on(project, work, "collect", tests)
+    with_export = _tests_on(project, work, server, "collect", tests)
     result.with_export = with_export.get("outcomes", {})
     tally = _tally(result.with_export)
     passing = tally["passed"] > 0 and not (tally["failed"] or tally["error"])

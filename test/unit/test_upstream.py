@@ -429,3 +429,98 @@ def test_a_helper_that_imports_a_helper_is_inlined_too(tmp_path: Path) -> None:
     # After the imports and the registration, before the tests that use them.
     at = text.index
     assert at("register_cpu_ci(est") < at("def expected()") < at("class TestAnswer")
+
+
+LIMIT_TEST = '''\
+"""LIMIT is large enough."""
+
+import unittest
+
+from sglang.srt import other, third
+from sglang.test.ci.ci_register import register_cpu_ci
+
+register_cpu_ci(est_time=1, suite="base-a-test-cpu")
+
+
+class TestLimit(unittest.TestCase):
+    def test_limit(self):
+        self.assertGreater(third.LIMIT, BOUND)
+
+    def test_answer_is_upstreams(self):
+        self.assertEqual(other.answer(), 41)
+
+
+if __name__ == "__main__":
+    unittest.main()
+'''
+
+
+def _second_patch(up: Project, bound: int) -> None:
+    """0002 raises third.LIMIT to 20; its test asks for more than `bound`
+    (10 or more fails on pristine upstream, as a proof must)."""
+    path = "test/registered/unit/srt/test_limit.py"
+    (up.root / path).write_text(LIMIT_TEST.replace("BOUND", str(bound)))
+    up.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise the limit",
+        Tests=path,
+    )  # fmt: skip
+
+
+def test_check_of_the_whole_series_proves_each_patch_in_one_run(
+    up: Project,
+) -> None:
+    import json
+
+    _second_patch(up, 10)
+    result = up.run("upstream", "--all", "--check", "--json")
+    assert result.code == 0, result.out + result.err
+    data = json.loads(result.out)
+    assert data["ok"] is True
+    assert [p["check"]["ok"] for p in data["patches"]] == [True, True]
+    # Each patch ran on its own tree in the shared interpreter: 0002's runs
+    # see upstream's answer() (41), not the one 0001's run had just imported.
+    first, second = (p["check"] for p in data["patches"])
+    assert list(first["with"].values()) == ["passed"]
+    assert sorted(second["without"].values()) == ["failed", "passed"]
+    assert list(second["with"].values()) == ["passed", "passed"]
+
+
+def test_one_failing_patch_of_several_fails_the_run_and_is_named(
+    up: Project,
+) -> None:
+    _second_patch(up, 5)
+    result = up.run("upstream", "0001", "0002", "--check")
+    assert result.code == 1
+    assert "ok: 0001-fix-the-answer v1 is ready for upstream" in result.out
+    assert "FAIL fail-without" in result.out
+    assert "0002-raise-the-limit v1 fails upstream's checks: fail-without" in (
+        result.err
+    )
+    assert "0001-fix-the-answer" not in result.err
+
+
+def test_a_test_that_kills_the_interpreter_is_reported(up: Project) -> None:
+    test = up.root / TEST_PATH
+    test.write_text(test.read_text().replace("\n\n# Only", "\nos._exit(3)\n\n# Only"))
+    test.write_text("import os\n" + test.read_text())
+    result = up.run("upstream", "0001", "--check")
+    assert result.code == 1
+    assert "the test server died" in result.out
+    # The next check starts a server of its own and is not stuck on the dead one.
+    test.write_text(TEST)
+    assert up.run("upstream", "0001", "--check").code == 0
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        (),
+        ("--all", "0001"),
+        ("--all", "--compare-to", "1"),
+        ("0001", "0002", "--forwarded", "https://github.com/sgl-project/sglang/pull/1"),
+    ],
+)
+def test_patch_choice_mistakes_are_usage(up: Project, args: tuple[str, ...]) -> None:
+    result = up.run("upstream", *args)
+    assert result.code == 2
+    assert "hint:" in result.err

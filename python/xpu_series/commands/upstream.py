@@ -7,21 +7,35 @@ from __future__ import annotations
 
 import argparse
 import json
+from pathlib import Path
 
 from xpu_series.commands import Context, Output, add_tree
 from xpu_series.errors import UsageError
 from xpu_series.lock import tree_lock
+from xpu_series.project import Project
 from xpu_series.result import ExitCode
 from xpu_series.upstream_check import CheckResult, run_check
 from xpu_series.upstream_export import Export, export_patch, find_target
 from xpu_series.upstream_pr import gather, render
 from xpu_series.upstream_revise import check_url, range_diff, record_forwarded
+from xpu_series.upstream_runner import TestServer
 
 HELP = "export a carried patch as an upstream pull request (--check proves it)"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("patch", metavar="PATCH", help="name, stem or number of a patch")
+    p.add_argument(
+        "patch",
+        metavar="PATCH",
+        nargs="*",
+        help="name, stem or number of a patch; several with --check (they share "
+        "one test interpreter)",
+    )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        help="every patch of the series, bottom first",
+    )
     p.add_argument(
         "--check",
         action="store_true",
@@ -45,6 +59,43 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def execute(ctx: Context) -> Output:
     args = ctx.args
+    _check_usage(args)
+    project = ctx.project()
+    tree = ctx.tree(project)
+    if args.all:
+        words = [patch.name for patch in project.series().patches]
+    else:
+        words = list(dict.fromkeys(args.patch))
+    work = project.build_dir / "upstream" / ".work"
+    with tree_lock(work, "upstream"):
+        if args.forwarded is not None:
+            return _forward(ctx, words[0], args.forwarded)
+        outputs = []
+        with TestServer(project.root, work) as server:
+            for number, word in enumerate(words, start=1):
+                if len(words) > 1 and not ctx.json:
+                    ctx.say(f"[{number}/{len(words)}] {word} ...")
+                outputs.append(_one(ctx, project, tree, word, server))
+    return outputs[0] if len(outputs) == 1 else _merge(outputs)
+
+
+def _check_usage(args: argparse.Namespace) -> None:
+    if args.all and args.patch:
+        raise UsageError(
+            "name patches or give --all, not both",
+            hint="'xpu-series upstream --all --check' checks every patch",
+        )
+    if not args.all and not args.patch:
+        raise UsageError(
+            "no patch named",
+            hint="name one (e.g. 'xpu-series upstream 0005'), or give --all",
+        )
+    several = args.all or len(set(args.patch)) > 1
+    if several and (args.forwarded is not None or args.compare_to is not None):
+        raise UsageError(
+            "--forwarded and --compare-to take one patch",
+            hint="run them once per patch",
+        )
     if args.forwarded is not None:
         check_url(args.forwarded)
     if args.compare_to is not None and args.compare_to < 1:
@@ -52,31 +103,43 @@ def execute(ctx: Context) -> Output:
             f"--compare-to {args.compare_to}: revisions are numbered from 1",
             hint="name a revision as in build/upstream/<patch>/vN",
         )
-    project = ctx.project()
-    tree = ctx.tree(project)
-    work = project.build_dir / "upstream" / ".work"
-    with tree_lock(work, "upstream"):
-        if args.forwarded is not None:
-            return _forward(ctx, args.patch, args.forwarded)
+
+
+def _one(
+    ctx: Context, project: Project, tree: Path, word: str, server: TestServer
+) -> Output:
+    args = ctx.args
+    if ctx.progress:
+        ctx.say(f"exporting {word} ...")
+    export = export_patch(project, tree, word)
+    check = None
+    if args.check:
         if ctx.progress:
-            ctx.say(f"exporting {args.patch} ...")
-        export = export_patch(project, tree, args.patch)
-        check = None
-        if args.check:
-            if ctx.progress:
-                ctx.say(f"checking {export.folder} ...")
-            check = run_check(project, export, tree)
-            (export.folder / "check.json").write_text(
-                json.dumps(check.to_json(), indent=2, sort_keys=True) + "\n"
-            )
-        pr = render(project, export, gather(project, export, tree))
-        pr_path = export.folder / "pr.md"
-        pr_changed = not pr_path.is_file() or pr_path.read_text() != pr
-        pr_path.write_text(pr)
-        compared = None
-        if args.compare_to is not None:
-            compared = range_diff(project, export, args.compare_to, tree)
+            ctx.say(f"checking {export.folder} ...")
+        check = run_check(project, export, tree, server)
+        (export.folder / "check.json").write_text(
+            json.dumps(check.to_json(), indent=2, sort_keys=True) + "\n"
+        )
+    pr = render(project, export, gather(project, export, tree))
+    pr_path = export.folder / "pr.md"
+    pr_changed = not pr_path.is_file() or pr_path.read_text() != pr
+    pr_path.write_text(pr)
+    compared = None
+    if args.compare_to is not None:
+        compared = range_diff(project, export, args.compare_to, tree)
     return _render(export, check, pr_changed, compared, args.compare_to)
+
+
+def _merge(outputs: list[Output]) -> Output:
+    """One patch's output after another; it fails if any one fails."""
+    merged = Output(data={"patches": [o.data for o in outputs]})
+    for output in outputs:
+        merged.out += output.out
+        merged.err += output.err
+        merged.code = max(merged.code, output.code)
+    assert merged.data is not None
+    merged.data["ok"] = merged.code == ExitCode.OK
+    return merged
 
 
 def _forward(ctx: Context, word: str, url: str) -> Output:
