@@ -4,8 +4,10 @@
 For the pin and each other release the series serves: the sglang wheel is installed
 with pip into a scratch virtualenv, `docker/install-fork.sh` (what docker/Dockerfile
 runs) overlays it, and then:
-- on the pin, each carried patch's registered tests run against that installed,
-  overlaid sglang (and it is checked that they imported it from there);
+- on the pin, each carried patch's fast tests (`Fast-Tests:`, else `Tests:`) run
+  against that installed, overlaid sglang (and it is checked that they imported it
+  from there); the tests that start real servers run on the tree, in the
+  `registered` and `verify` steps, not a third time here;
 - `overlay --undo` gives back every file's original sha256;
 - after a second overlay, `pip uninstall sglang` still removes every file;
 - on an older release, patches/overlay/<release>.diff is what `overlay --export`
@@ -69,10 +71,10 @@ def served_releases() -> list[str]:
 
 
 def carried_tests() -> list[str]:
-    """Every test the carried patches name in their `Tests:` lines."""
+    """The fast tests of every carried patch (see PatchHeader.fast_tests)."""
     tests: list[str] = []
     for patch in Project(ROOT).series().patches:
-        tests += [t for t in patch.header.tests if t not in tests]
+        tests += [t for t in patch.header.fast_tests if t not in tests]
     return tests
 
 

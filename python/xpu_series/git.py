@@ -1,4 +1,5 @@
-"""The one place that runs subprocesses: git (and pip, through `run_command`)."""
+"""The one place that runs subprocesses: git (and pip, through `run_command`),
+and the end of a long-lived worker (`stop_worker`)."""
 
 from __future__ import annotations
 
@@ -74,6 +75,23 @@ def run_command(
         check=False,
     )
     return Completed(tuple(args), proc.returncode, proc.stdout or "", proc.stderr or "")
+
+
+def stop_worker(
+    proc: subprocess.Popen[str] | subprocess.Popen[bytes], grace_s: float = 30
+) -> None:
+    """End a worker that reads jobs on stdin: close its stdin (its signal to
+    finish), wait up to `grace_s`, then kill it."""
+    try:
+        if proc.stdin is not None:
+            proc.stdin.close()
+    except OSError:  # it died with a job half written: nothing to flush
+        pass
+    try:
+        proc.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
 
 
 class Git:

@@ -5,7 +5,6 @@ and tests)."""
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import os
@@ -22,7 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xpu_series.bytecode import prime
-from xpu_series.git import Git, run_command
+from xpu_series.git import Git, run_command, stop_worker
 from xpu_series.project import Project
 
 # Bumped when what a cached outcome means changes (the plugin, the counting).
@@ -179,14 +178,7 @@ class _Worker:
         return outcomes, log[-6000:]
 
     def close(self) -> None:
-        with contextlib.suppress(OSError):
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()
-        try:
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        stop_worker(self.proc)
         self.stderr.close()
         shutil.rmtree(self.tmp, ignore_errors=True)
 

@@ -14,6 +14,8 @@ import tempfile
 from pathlib import Path
 from typing import IO, Any
 
+from xpu_series.git import stop_worker
+
 # Runs in the server before anything else: drops every sys.path entry inside the
 # project except the interpreter's own (.venv lives in the checkout), then puts
 # the work tree's python/ first. Not an xpu_series module: the project's
@@ -202,13 +204,7 @@ class TestServer:
 
     def close(self) -> None:
         if self._proc is not None:
-            if self._proc.stdin:
-                self._proc.stdin.close()
-            try:
-                self._proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                self._proc.kill()
-                self._proc.wait()
+            stop_worker(self._proc)
             if self._proc.stdout:
                 self._proc.stdout.close()
             self._proc = None

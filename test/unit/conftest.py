@@ -80,6 +80,20 @@ def git(cwd: Path, *args: str) -> str:
     ).stdout.strip()
 
 
+def local_index(
+    folder: Path, monkeypatch: pytest.MonkeyPatch, versions: tuple[str, ...]
+) -> Path:
+    """A package index of its own for pip (the network boundary): a folder of
+    sglang wheels of `versions`, and nothing else pip may ask."""
+    folder.mkdir()
+    for version in versions:
+        build_wheel(folder / wheel_name(version), BASE_FILES, version=version)
+    monkeypatch.setenv("PIP_NO_INDEX", "1")
+    monkeypatch.setenv("PIP_FIND_LINKS", str(folder))
+    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    return folder
+
+
 def cached_wheel(root: Path, version: str, sha: str) -> Path:
     """Where the content-addressed cache keeps a verified wheel."""
     return root / "build/cache/wheels" / sha / wheel_name(version)

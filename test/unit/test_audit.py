@@ -642,3 +642,24 @@ def test_a_module_importing_an_unimportable_module_at_its_top_is_unimportable() 
     by_file = {c.file: c for c in candidates(scanned)[0] if c.raw.kind == "torch-cuda"}
     assert not by_file["python/sglang/srt/models/inkling.py"].reached
     assert by_file["python/sglang/srt/models/tried.py"].reached
+
+
+def test_a_release_the_index_lacks_is_usage_and_its_hint_runs(
+    project: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import shlex
+
+    from conftest import local_index
+
+    local_index(tmp_path / "index", monkeypatch, ("0.0.1", "0.0.2"))
+    result = project.run("audit", "--upstream", "0.0.9")
+    assert result.code == 2
+    assert "sglang 0.0.9 is not a release on the package index" in result.err
+    assert "0.0.1, 0.0.2" in result.err
+    hint = result.err.split("hint: ", 1)[1]
+    assert "--upstream 0.0.2" in hint
+    # The hint, followed: the named release is fetched and audited.
+    words = shlex.split(hint.split("e.g. ", 1)[1])
+    followed = project.run("audit", *words, "--json")
+    assert followed.code == 0, followed.err
+    assert json.loads(followed.out)["findings"] == []

@@ -8,7 +8,7 @@ import re
 import shutil
 from pathlib import Path
 
-from conftest import Project, git
+from conftest import Project, git, local_index
 
 
 def test_clean_series_checks_ok(three_patches: Project) -> None:
@@ -233,17 +233,8 @@ def test_one_worker_runs_every_release_from_its_own_tree(
 def test_matrix_asks_the_index_for_newer_releases(
     three_patches: Project, tmp_path, monkeypatch
 ) -> None:
-    import os
-
-    from conftest import BASE_FILES, build_wheel, wheel_name
-
-    index = tmp_path / "index"
-    index.mkdir()
-    for version in ("0.0.0", "0.0.1", "0.0.2", "0.0.3rc1"):
-        build_wheel(index / wheel_name(version), BASE_FILES, version=version)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    versions = ("0.0.0", "0.0.1", "0.0.2", "0.0.3rc1")
+    local_index(tmp_path / "index", monkeypatch, versions)
     result = three_patches.run("matrix", "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["versions"] == ["0.0.1", "0.0.2"]

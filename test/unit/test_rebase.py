@@ -4,11 +4,18 @@ rebase, never the user's work; --continue, --skip and --abort follow their hints
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import pytest
-from conftest import BASE_FILES, Project, build_wheel, git, interrupt, wheel_name
+from conftest import (
+    BASE_FILES,
+    Project,
+    build_wheel,
+    git,
+    interrupt,
+    local_index,
+    wheel_name,
+)
 
 from xpu_series.operation import snapshot
 
@@ -249,13 +256,7 @@ def test_bad_input_is_refused_with_a_clear_message(
 def test_a_release_that_does_not_exist_names_the_newest(
     three_patches: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    index = tmp_path / "index"
-    index.mkdir()
-    for version in ("0.0.1", "0.0.2"):
-        build_wheel(index / wheel_name(version), BASE_FILES, version=version)
-    monkeypatch.setenv("PIP_NO_INDEX", "1")
-    monkeypatch.setenv("PIP_FIND_LINKS", str(index))
-    monkeypatch.setenv("PIP_CONFIG_FILE", os.devnull)
+    local_index(tmp_path / "index", monkeypatch, ("0.0.1", "0.0.2"))
     result = three_patches.run("rebase", "--onto", "0.0.9")
     assert result.code == 1
     assert "sglang 0.0.9 does not exist on the package index" in result.err
