@@ -336,6 +336,41 @@ def test_a_mutant_meets_the_quickest_tests_first(project: Project) -> None:
     assert lines[4:] and set(lines[4:]) == {"quick"}, lines
 
 
+def test_what_the_tests_import_as_they_run_is_imported_once_for_all_mutants(
+    project: Project,
+) -> None:
+    # The test imports heavy.py in its body (as a test that sweeps every model
+    # module does). The worker imports it too once the baseline ran, so no
+    # mutant's fork imports it again: heavy.py holds nothing of flags.py, which
+    # the mutants change. Each import of heavy.py writes a line to imports.log.
+    log = project.root / "imports.log"
+    project.add_patch(
+        "python/sglang/srt/heavy.py",
+        f"open({str(log)!r}, 'a').write('imported\\n')\n",
+        "[XPU] Heavy",
+    )
+    tests = _write_test(
+        project,
+        "test_lazy.py",
+        "import importlib\n\n"
+        "def test_value():\n    importlib.import_module('sglang.srt.heavy')\n"
+        "    from sglang.srt.flags import VALUE\n    assert VALUE == 2\n",
+    )
+    project.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE",
+        Tests=tests,
+    )
+    log.unlink(missing_ok=True)  # what add_patch's imports wrote
+    result = project.run("verify", "--mutants", "0002", "--json", "--fresh")
+    assert result.code == 0, result.out
+    (patch,) = json.loads(result.out)["patches"]
+    assert patch["made"] >= 2 and patch["killed"] == patch["made"]
+    # The baseline's fork, then the worker itself: not once per mutant.
+    assert log.read_text().split() == ["imported", "imported"]
+
+
 def test_tests_that_depend_on_their_order_keep_it(project: Project) -> None:
     # test_b needs what the slower test_a sets: quickest first, it would fail
     # unmutated, and every mutant would look killed. The unmutated check sees
