@@ -6,12 +6,14 @@
     scripts/test lint verify     only these steps (after bootstrap)
     scripts/test --serial        one step at a time (lanes one after another)
 
-After bootstrap and the lints, two lanes run side by side: the tool's checks
-(tests, verify, mutants) and the real-server, overlay and release checks. Most
-of their time is spent waiting (servers starting, timeouts, subprocesses), so on
-two cores they overlap well. Every line a step prints is relayed live with its
-step's tag; each step's full output is also kept in build/reports/steps/. The
-summary table and build/reports/steps.json name each step's duration.
+After bootstrap and the lints, three lanes run side by side: the tool's own
+checks (its tests, mutants, audit), the proofs on the patched tree (registered
+tests, verify, then the matrix, which reuses verify's outcomes) and the
+real-server, overlay, image and upstream checks. Much of their time is spent
+waiting (servers starting, timeouts, subprocesses): on two cores, a third lane
+fills those waits. Every line a step prints is relayed live with its step's
+tag; each step's full output is also kept in build/reports/steps/. The summary
+table and build/reports/steps.json name each step's duration.
 
 Standard library only: it runs before .venv exists.
 """
@@ -77,7 +79,7 @@ class Step:
     tag: str
     title: str
     command: tuple[str, ...]
-    lane: str  # "first" runs alone before the lanes; then "tool" and "serve"
+    lane: str  # "first" runs alone before the lanes; then LANES side by side
     env: tuple[tuple[str, str], ...] = ()
     # A step that runs longer is stopped and fails: a hang must not eat CI.
     limit_s: int = 1200
@@ -85,6 +87,10 @@ class Step:
     # inputs_digest): the same inputs are not checked twice. Not for a step that
     # asks the package index (newer releases appear without any change here).
     cached: bool = True
+
+
+# The lanes that run side by side once the "first" steps are done.
+LANES = ("tool", "proof", "serve")
 
 
 def sh(script: str) -> tuple[str, ...]:
@@ -109,7 +115,7 @@ STEPS: tuple[Step, ...] = (
          (*PYTEST, "test/scripts"), "tool"),
     Step("registered",
          "registered CPU tests on the patched tree (test/registered/unit)",
-         (*PYTEST, "test/registered/unit"), "tool"),
+         (*PYTEST, "test/registered/unit"), "proof"),
     Step("registration",
          "registration: every registered file is registered; nothing under test/manual",
          (PY, "scripts/check_registration.py"), "tool"),
@@ -117,7 +123,12 @@ STEPS: tuple[Step, ...] = (
          "refresh --check: patches/ is byte for byte what refresh writes from the tree",
          (".venv/bin/xpu-series", "refresh", "--check"), "tool"),
     Step("verify", "verify: every patch is proven",
-         (".venv/bin/xpu-series", "verify"), "tool"),
+         (".venv/bin/xpu-series", "verify"), "proof"),
+    # After verify in its lane: the pin's runs come from verify's outcomes.
+    Step("matrix",
+         "behavioural matrix: each served release (serves-from..pin) and every newer "
+         "one (build/reports/)",
+         sh(MATRIX), "proof", cached=False),
     Step("mutants",
          "verify --mutants: each patch's tests kill every mutant of the lines it adds",
          (".venv/bin/xpu-series", "verify", "--mutants"), "tool"),
@@ -131,7 +142,6 @@ STEPS: tuple[Step, ...] = (
          "its README)",
          (*PYTEST, "-rs", "--durations=8", "test/manual/chunked_prefill"), "serve",
          env=(("SGLANG_XPU_STANDIN", "cpu"),)),
-    # In the serving lane only to even the lanes out (it was 40 s of the longer).
     Step("xpu-suites",
          "XPU suites (test/manual, test/registered/e2e): import, collect, skip "
          "with reasons",
@@ -155,20 +165,13 @@ STEPS: tuple[Step, ...] = (
          "on a stand-in for the official XPU image (pin and oldest served release); "
          "a broken base must fail it",
          (PY, "scripts/check_image.py"), "serve"),
-    # In the serving lane to even the lanes out: the tool lane's mutants grew with
-    # the audit's patches (measured: tool 31 min, serve 18 min with it there).
     Step("upstream-check",
          "upstream --check: each carried patch exports as an upstream pull request "
          "that fails without it, passes with it, registers and lints clean",
          # One invocation: one test interpreter for every patch (torch and
          # sglang's imports load once, not twice per patch).
          (".venv/bin/xpu-series", "upstream", "--all", "--check"), "serve"),
-    Step("matrix",
-         "behavioural matrix: each served release (serves-from..pin) and every newer "
-         "one (build/reports/)",
-         sh(MATRIX), "serve", cached=False),
-    # Last in the serving lane, to even the lanes out once the matrix ran every
-    # release in one pool of workers (the tool lane was 1m20s the longer).
+    # Last: its quick mode of bench_ci reads the steps the run has timed so far.
     Step("benchmarks", "benchmarks, quick mode: every scripts/bench_*.py still runs",
          (PY, "scripts/bench_ci.py", "--quick-all"), "serve"),
 )  # fmt: skip
@@ -455,7 +458,7 @@ def main(argv: list[str]) -> int:
     try:
         for step in (s for s in chosen if s.lane == "first"):
             run_step(run, step)
-        lanes = [[s for s in chosen if s.lane == lane] for lane in ("tool", "serve")]
+        lanes = [[s for s in chosen if s.lane == lane] for lane in LANES]
         lanes = [lane for lane in lanes if lane]
         if args.serial:
             lanes = [[s for lane in lanes for s in lane]]

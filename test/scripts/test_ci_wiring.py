@@ -305,7 +305,8 @@ def test_the_real_steps_cover_every_check(steps) -> None:
     real = load_script("run_steps.py").STEPS
     tags = [s.tag for s in real]
     assert len(tags) == len(set(tags))
-    assert {s.lane for s in real} == {"first", "tool", "serve"}
+    assert {s.lane for s in real} == {"first", *load_script("run_steps.py").LANES}
+    assert load_script("run_steps.py").LANES == ("tool", "proof", "serve")
     assert tags[0] == "bootstrap"
     for check in ("lint", "hadolint", "actionlint", "tool-tests", "registered",
                   "verify", "mutants", "standin-suite", "overlay", "replay",
