@@ -121,3 +121,12 @@ def _device_tensor(device: str, cuda: bool) -> type:
 
 XpuTensor = _device_tensor("xpu", cuda=False)
 CudaTensor = _device_tensor("cuda", cuda=True)
+
+
+def assert_recorded_once_on(case: Any, stream: Any, tensors: list) -> None:
+    """Each of `tensors`, and nothing else, was recorded once, on `stream`: a
+    TestCase method (`case` is the test) for classes that clear RECORDED first."""
+    case.assertEqual(len(RECORDED), len(tensors), RECORDED)
+    for tensor in tensors:
+        streams = [s for t, s in RECORDED if t is tensor]
+        case.assertEqual(streams, [stream], f"record_stream of {tensor!r}")

@@ -18,7 +18,13 @@ from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from standins import RECORDED, CudaTensor, XpuTensor, standin  # noqa: E402
+from standins import (  # noqa: E402
+    RECORDED,
+    CudaTensor,
+    XpuTensor,
+    assert_recorded_once_on,
+    standin,
+)
 
 register_cpu_ci(est_time=6, suite="base-a-test-cpu")
 
@@ -118,14 +124,10 @@ def read_in_flight(batch, verify_input) -> list:
 
 
 class RecordStreamCase(CustomTestCase):
+    assert_recorded_once_on = assert_recorded_once_on
+
     def setUp(self) -> None:
         RECORDED.clear()
-
-    def assert_recorded_once_on(self, stream: Stream, tensors: list) -> None:
-        self.assertEqual(len(RECORDED), len(tensors), RECORDED)
-        for tensor in tensors:
-            streams = [s for t, s in RECORDED if t is tensor]
-            self.assertEqual(streams, [stream], f"record_stream of {tensor!r}")
 
 
 class TestEagleV2VerifyOnXpu(RecordStreamCase):

@@ -37,6 +37,15 @@ class _History:
         self.calls.append(("dump", str(path)))
         Path(path).write_bytes(b"snapshot")
 
+    def watch(self, stack: ExitStack, memory) -> "_History":
+        """Record what `memory` (a device module's) is asked, while `stack` lasts."""
+        for name, fn in (
+            ("_record_memory_history", self.record),
+            ("_dump_snapshot", self.dump),
+        ):
+            stack.enter_context(mock.patch.object(memory, name, fn))
+        return self
+
 
 def _cuda_not_compiled(*args, **kwargs):
     # torch.cuda.memory on an XPU build of torch, where CUDA is not compiled in.
@@ -99,14 +108,7 @@ class TestMemProfilingOnXpu(CustomTestCase):
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
             platform(stack, is_xpu=True)
             stack.enter_context(single_rank())
-            stack.enter_context(
-                mock.patch.object(
-                    torch.xpu.memory, "_record_memory_history", history.record
-                )
-            )
-            stack.enter_context(
-                mock.patch.object(torch.xpu.memory, "_dump_snapshot", history.dump)
-            )
+            history.watch(stack, torch.xpu.memory)
             profiler = manager(out)
             started = profiler._start_profile()
             self.assertTrue(started.success, started.message)
@@ -168,11 +170,7 @@ class TestStopWithoutMem(CustomTestCase):
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
             platform(stack, is_xpu=True)
             stack.enter_context(single_rank())
-            for name, fn in (
-                ("_record_memory_history", history.record),
-                ("_dump_snapshot", history.dump),
-            ):
-                stack.enter_context(mock.patch.object(torch.xpu.memory, name, fn))
+            history.watch(stack, torch.xpu.memory)
             profiler = manager(out)
             profiler.profiler_activities = []
             profiler.profile_in_progress = True
@@ -199,11 +197,7 @@ class TestProfileManagerV2Memory(CustomTestCase):
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
             platform(stack, is_xpu=True)
             stack.enter_context(single_rank())
-            for name, fn in (
-                ("_record_memory_history", history.record),
-                ("_dump_snapshot", history.dump),
-            ):
-                stack.enter_context(mock.patch.object(torch.xpu.memory, name, fn))
+            history.watch(stack, torch.xpu.memory)
             inner = self.make(str(Path(out) / "traces"))
             inner.start()
             self.assertEqual([c[0] for c in history.calls], ["record"])
