@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import socket
 
 import pytest
 from conftest import Project
@@ -394,3 +396,25 @@ def test_tests_that_depend_on_their_order_keep_it(project: Project) -> None:
     (patch,) = json.loads(result.out)["patches"]
     survivors = [s["diff"] for s in patch["survived"]]
     assert "python/sglang/srt/flags.py:1: -VALUE = 2 +VALUE = 3" in survivors
+
+
+def test_a_second_verify_beside_a_running_one_is_refused_and_the_hint_works(
+    verified: Project,
+) -> None:
+    # A live process holds build/verify/ (this one: its pid is alive): a proof
+    # or a mutant run started beside it would share its worktrees.
+    lock = verified.root / "build" / ".verify.xpu-series.lock"
+    lock.write_text(
+        json.dumps({"pid": os.getpid(), "host": socket.gethostname(),
+                    "command": "xpu-series verify --mutants", "since": "now"})
+    )  # fmt: skip
+    for args in (("verify",), ("verify", "--mutants")):
+        result = verified.run(*args)
+        assert result.code != 0
+        assert "is locked by pid" in result.err
+        assert "'xpu-series verify --mutants'" in result.err
+    # The hint, followed: that process is gone, so the lock file goes.
+    assert f"remove {lock}" in result.err
+    lock.unlink()
+    assert verified.run("verify").code == 0
+    assert not lock.exists()

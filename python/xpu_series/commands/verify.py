@@ -18,6 +18,7 @@ from xpu_series.commands import Context, Output, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.errors import UsageError, XpuSeriesError
 from xpu_series.git import Git
+from xpu_series.lock import tree_lock
 from xpu_series.mutants import (
     ACCEPTED,
     Mutant,
@@ -482,18 +483,31 @@ def execute(ctx: Context) -> Output:
     args = ctx.args
     if args.mutant and not args.mutants:
         raise UsageError("--mutant ID goes with --mutants")
-    if args.mutants:
-        mutants = run_mutants(
-            project, args.jobs, args.patches, args.mutant, args.fresh, ctx.say
-        )
-        out = Output(data=mutants.to_json())
-        if not mutants.apply.ok:
-            out.out.append(render_report(mutants.apply))
-            problems_hint(out, mutants.apply.problems, "verify")
-        _render_mutants(out, mutants)
-        out.code = ExitCode.OK if mutants.ok else ExitCode.FAILED
-        return out
-    result = run_verify(project, args.jobs, args.patches, args.fresh, ctx.say)
+    # One run at a time in build/verify/: a proof and a mutant run side by side
+    # would check out and mutate the same worktrees under each other.
+    verb = "xpu-series verify" + (" --mutants" if args.mutants else "")
+    with tree_lock(project.build_dir / "verify", verb):
+        if args.mutants:
+            return _mutants_output(
+                run_mutants(
+                    project, args.jobs, args.patches, args.mutant, args.fresh, ctx.say
+                )
+            )
+        result = run_verify(project, args.jobs, args.patches, args.fresh, ctx.say)
+    return _proof_output(result, args.verbose)
+
+
+def _mutants_output(mutants: MutantsResult) -> Output:
+    out = Output(data=mutants.to_json())
+    if not mutants.apply.ok:
+        out.out.append(render_report(mutants.apply))
+        problems_hint(out, mutants.apply.problems, "verify")
+    _render_mutants(out, mutants)
+    out.code = ExitCode.OK if mutants.ok else ExitCode.FAILED
+    return out
+
+
+def _proof_output(result: VerifyResult, verbose: bool) -> Output:
     out = Output(data=result.to_json())
     if not result.apply.ok:
         out.out.append(render_report(result.apply))
@@ -511,7 +525,7 @@ def execute(ctx: Context) -> Output:
     out.out.append(table(["patch", "tests", "without", "with", "verdict"], rows))
     for error in result.errors:
         out.err.append(f"error: {error}")
-    if args.verbose:
+    if verbose:
         for key, log in sorted(result.logs.items()):
             out.out.append(f"--- {key}\n{log}")
     elif not result.ok:
