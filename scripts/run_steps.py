@@ -7,13 +7,15 @@
     scripts/test --serial        one step at a time (lanes one after another)
 
 After bootstrap and the lints, three lanes run side by side: the tool's own
-checks (its tests, the matrix, the audit, the replay), the proofs on the patched
-tree (verify, its mutants, the registered tests) and the real-server, overlay,
-image and upstream checks. Much of their time is spent
-waiting (servers starting, timeouts, subprocesses): on two cores, a third lane
-fills those waits. Every line a step prints is relayed live with its step's
-tag; each step's full output is also kept in build/reports/steps/. The summary
-table and build/reports/steps.json name each step's duration.
+checks (its tests, the mutants, the audit), the proofs on the patched tree and
+across releases (verify, the matrix, the registered tests, the replay) and the
+real-server, overlay, image and upstream checks. verify and its mutants have a
+folder each under build/ (each locks its own), so they may run side by side.
+Much of their time is spent waiting (servers starting, timeouts,
+subprocesses): on two cores, a third lane fills those waits. Every line a
+step prints is relayed live with its step's tag; each step's full output is
+also kept in build/reports/steps/. The summary table and
+build/reports/steps.json name each step's duration.
 
 Standard library only: it runs before .venv exists.
 """
@@ -112,25 +114,23 @@ STEPS: tuple[Step, ...] = (
          (*PYTEST, "--doctest-modules", "python/xpu_series", "test/unit"), "tool"),
     Step("script-tests",
          "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
-         (*PYTEST, "test/scripts"), "tool"),
+         (*PYTEST, "test/scripts"), "proof"),
     Step("registration",
          "registration: every registered file is registered; nothing under test/manual",
          (PY, "scripts/check_registration.py"), "tool"),
     Step("refresh-check",
          "refresh --check: patches/ is byte for byte what refresh writes from the tree",
          (".venv/bin/xpu-series", "refresh", "--check"), "tool"),
-    # verify and its mutants share build/verify/ (verify locks it): one lane.
     Step("verify", "verify: every patch is proven",
          (".venv/bin/xpu-series", "verify"), "proof"),
-    # Its pin's runs come from verify's outcomes: verify, first in its lane, is
-    # done by the time the tool lane gets here.
+    # After verify in its lane: the pin's runs come from verify's outcomes.
     Step("matrix",
          "behavioural matrix: each served release (serves-from..pin) and every newer "
          "one (build/reports/)",
-         sh(MATRIX), "tool", cached=False),
+         sh(MATRIX), "proof", cached=False),
     Step("mutants",
          "verify --mutants: each patch's tests kill every mutant of the lines it adds",
-         (".venv/bin/xpu-series", "verify", "--mutants"), "proof"),
+         (".venv/bin/xpu-series", "verify", "--mutants"), "tool"),
     Step("registered",
          "registered CPU tests on the patched tree (test/registered/unit)",
          (*PYTEST, "test/registered/unit"), "proof"),
@@ -161,7 +161,7 @@ STEPS: tuple[Step, ...] = (
     Step("replay",
          "replay the last move (patches/moves/, patches/resolutions/) from git "
          "history: byte for byte",
-         (PY, "scripts/replay_move.py"), "tool"),
+         (PY, "scripts/replay_move.py"), "proof"),
     Step("image",
          "image: docker/Dockerfile built with buildah as xpu-serve --fork builds it, "
          "on a stand-in for the official XPU image (pin and oldest served release); "

@@ -172,8 +172,15 @@ class SeriesPrefixes:
                 )
 
 
-def series_prefixes(project: Project) -> SeriesPrefixes:
-    root = project.build_dir / "verify"
+# Where `verify --mutants` applies the series and keeps its worktrees.
+MUTANTS_FOLDER = "mutants"
+
+
+def series_prefixes(project: Project, folder: str = "verify") -> SeriesPrefixes:
+    """The series applied in build/<folder>/tree: verify's proofs and its
+    mutant runs each have their own (and lock it), so they can run side by
+    side."""
+    root = project.build_dir / folder
     report = run_apply(project, ApplyOptions(tree=root / "tree", scratch=True))
     assert isinstance(report, Report)  # a scratch tree always gives a report
     git = Git(root / "tree")
@@ -317,7 +324,7 @@ def run_mutants(
     `say` hears a line per finished patch and per batch of mutants.
     """
     start = time.monotonic()
-    prefixes = series_prefixes(project)
+    prefixes = series_prefixes(project, MUTANTS_FOLDER)
     result = MutantsResult(apply=prefixes.report)
     if not prefixes.report.ok:
         return result
@@ -483,10 +490,12 @@ def execute(ctx: Context) -> Output:
     args = ctx.args
     if args.mutant and not args.mutants:
         raise UsageError("--mutant ID goes with --mutants")
-    # One run at a time in build/verify/: a proof and a mutant run side by side
-    # would check out and mutate the same worktrees under each other.
+    # One run at a time per folder: two runs side by side would check out (or
+    # mutate) the same worktrees under each other. Proofs and mutants have a
+    # folder each, so one of each can run at once.
     verb = "xpu-series verify" + (" --mutants" if args.mutants else "")
-    with tree_lock(project.build_dir / "verify", verb):
+    folder = MUTANTS_FOLDER if args.mutants else "verify"
+    with tree_lock(project.build_dir / folder, verb):
         if args.mutants:
             return _mutants_output(
                 run_mutants(
