@@ -28,8 +28,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "patch",
         metavar="PATCH",
         nargs="*",
-        help="name, stem or number of a patch; several with --check (they share "
-        "one test interpreter)",
+        help="name, stem or number of a patch; several are exported one after "
+        "another, and with --check share one test interpreter",
     )
     p.add_argument(
         "--all",
