@@ -88,7 +88,7 @@ def _child(root: Path, run: dict, started_on: str | None) -> None:
 _PR_SET_PDEATHSIG = 1
 
 
-def _die_with(worker: int) -> None:
+def die_with(worker: int) -> None:
     """The fork is killed when its worker dies: the caller runs the test again
     on a new worker, and this run must not go on alone beside it (writing into
     a folder the caller removed, holding a core). Linux only; elsewhere a fork
@@ -132,7 +132,7 @@ def main(argv: list[str]) -> int:
         pid = os.fork()
         if pid == 0:
             try:
-                _die_with(worker)
+                die_with(worker)
                 _child(root, run, started_on)
             finally:
                 os._exit(70)

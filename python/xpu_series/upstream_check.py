@@ -3,9 +3,11 @@ scratch work tree with no project folder on sys.path."""
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -118,51 +120,54 @@ def _unexpected_imports(export: Export, allowed: set[str]) -> list[str]:
     return out
 
 
-def allowed_imports(project: Project) -> set[str]:
+def allowed_imports(project: Project) -> frozenset[str]:
     """The standard library, pytest, and the modules of sglang's own
     dependencies (what upstream's test environment has)."""
+    return _allowed_imports(project.cache_dir, project.pin.wheel)
+
+
+@functools.cache
+def _allowed_imports(cache_dir: Path, wheel: str) -> frozenset[str]:
+    # Once per process: `upstream --all --check` asks for every patch, and the
+    # scan of the installed distributions is most of a second.
     from importlib import metadata
 
+    names = {_dist_name(r) for r in _sglang_requirements(cache_dir, wheel)}
     allowed = set(sys.stdlib_module_names) | {"pytest", "_pytest"}
-    requires = set()
-    for dist in ("sglang",):
-        try:
-            requires |= {
-                r.split(";")[0].split("[")[0].split("=")[0].split("<")[0]
-                .split(">")[0].split("!")[0].split("~")[0].strip().lower()
-                for r in metadata.requires(dist) or []
-            }  # fmt: skip
-        except metadata.PackageNotFoundError:
-            pass
     for module, dists in metadata.packages_distributions().items():
-        if any(d.lower().replace("_", "-") in requires for d in dists):
+        if any(_dist_name(d) in names for d in dists):
             allowed.add(module)
-    # The wheel's Requires-Dist when sglang is not installed as a distribution.
-    allowed |= _wheel_requirements(project)
-    return allowed
+    return frozenset(allowed)
 
 
-def _wheel_requirements(project: Project) -> set[str]:
+def _sglang_requirements(cache_dir: Path, wheel: str) -> list[str]:
+    """Requires-Dist of an installed sglang, and of the pinned wheel (the test
+    environment does not install sglang as a distribution)."""
     import zipfile
     from importlib import metadata
 
-    wheels = sorted((project.cache_dir / "wheels").glob(f"*/{project.pin.wheel}"))
-    names: set[str] = set()
-    for wheel in wheels[:1]:
-        with zipfile.ZipFile(wheel) as zf:
+    requires: list[str] = []
+    try:
+        requires += metadata.requires("sglang") or []
+    except metadata.PackageNotFoundError:
+        pass
+    for path in sorted((cache_dir / "wheels").glob(f"*/{wheel}"))[:1]:
+        with zipfile.ZipFile(path) as zf:
             for member in zf.namelist():
                 if member.endswith(".dist-info/METADATA"):
-                    for line in zf.read(member).decode(errors="replace").splitlines():
-                        if line.startswith("Requires-Dist:"):
-                            raw = line.split(":", 1)[1].split(";")[0].strip()
-                            for sep in "[=<>!~ (":
-                                raw = raw.split(sep)[0]
-                            names.add(raw.strip().lower().replace("_", "-"))
-    out = set()
-    for module, dists in metadata.packages_distributions().items():
-        if any(d.lower().replace("_", "-") in names for d in dists):
-            out.add(module)
-    return out
+                    text = zf.read(member).decode(errors="replace")
+                    requires += [
+                        line.split(":", 1)[1]
+                        for line in text.splitlines()
+                        if line.startswith("Requires-Dist:")
+                    ]
+    return requires
+
+
+def _dist_name(requirement: str) -> str:
+    """'Torch_Audio[x]>=2; extra' -> 'torch-audio'."""
+    name = re.split(r"[\s\[;=<>!~(]", requirement.strip(), maxsplit=1)[0]
+    return name.lower().replace("_", "-")
 
 
 def run_check(

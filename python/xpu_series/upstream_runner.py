@@ -39,53 +39,42 @@ _leaks = [p for p in sys.path[1:]
 # the files). The first job's tests are collected here first, so that the
 # server holds what they import; each fork forgets everything of the work tree.
 SERVER = _ISOLATE + r"""
-import contextlib, ctypes, gc, importlib, signal
+import contextlib, gc, importlib, importlib.util
 import pytest
 ARGS = ["-q", "-p", "no:cacheprovider", "--rootdir", os.getcwd(),
         "-c", os.environ["XPU_UPSTREAM_INI"], "--confcutdir", os.getcwd()]
 WORK = os.path.realpath(os.getcwd()) + os.sep
+TOOL = os.environ.pop("XPU_UPSTREAM_TOOL")
+
+def load(name):
+    # A module of the tool by its file (stdlib-only ones): the tool's folder
+    # stays off sys.path, where the exported tests must not find it.
+    spec = importlib.util.spec_from_file_location(
+        "_xpu_series_" + name, os.path.join(TOOL, name + ".py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+worker = load("prefix_worker")
 
 def forget():
     for name, mod in list(sys.modules.items()):
         path = os.path.realpath(getattr(mod, "__file__", None) or "/")
         if name == "sglang" or name.startswith("sglang.") or path.startswith(WORK):
             del sys.modules[name]
-    # sglang registers prometheus metrics as it loads: the fork's own import
-    # would find their names taken.
-    reg = getattr(sys.modules.get("prometheus_client.registry"), "REGISTRY", None)
-    if reg is not None:
-        with reg._lock:
-            reg._collector_to_names.clear()
-            reg._names_to_collectors.clear()
+    worker.fresh_metrics()
 
-class Outcomes:
-    def __init__(self):
-        self.seen = {}
-    def pytest_runtest_logreport(self, report):
-        if report.when == "call" or report.outcome != "passed":
-            kind = report.outcome
-            if report.outcome == "failed" and report.when != "call":
-                kind = "error"
-            if self.seen.get(report.nodeid) in (None, "passed"):
-                self.seen[report.nodeid] = kind
-    def pytest_collectreport(self, report):
-        if report.failed:
-            self.seen[report.nodeid or "<collection>"] = "error"
-
-def child(job):
-    try:  # die with the server (Linux): nobody else waits for this fork
-        ctypes.CDLL(None).prctl(1, signal.SIGKILL)
-    except (OSError, AttributeError):
-        pass
+def child(job, server):
+    worker.die_with(server)  # nobody else waits for this fork
     forget()
     importlib.invalidate_caches()
     log = os.open(job["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    outcomes = Outcomes()
+    outcomes = load("pytest_outcomes")  # loaded here: its record starts empty
     code = pytest.main([*ARGS, *job["tests"]], plugins=[outcomes])
     mod = sys.modules.get("sglang")
-    data = {"outcomes": outcomes.seen, "exit": int(code), "leaks": _leaks,
+    data = {"outcomes": outcomes._OUTCOMES, "exit": int(code), "leaks": _leaks,
             "sglang": getattr(mod, "__file__", None)}
     if job["mode"] == "collect":
         try:  # upstream's collector, from the same tree (sglang is imported)
@@ -104,6 +93,7 @@ def child(job):
 
 sys.dont_write_bytecode = True
 answers = sys.stdout
+server = os.getpid()
 primed = False
 for line in sys.stdin:
     job = json.loads(line)
@@ -116,7 +106,7 @@ for line in sys.stdin:
     pid = os.fork()
     if pid == 0:
         try:
-            child(job)
+            child(job, server)
         finally:
             os._exit(0)
     _, status = os.waitpid(pid, 0)
@@ -149,10 +139,13 @@ class TestServer:
             self._tmp = Path(tempfile.mkdtemp(prefix="xpu-upstream-"))
             (self._tmp / "pytest.ini").write_text("[pytest]\n")
         self._errors = (self._tmp / "server.err").open("w")
+        # A project's outcome file is not the server's to write.
+        inherited = {k: v for k, v in os.environ.items() if k != "XPU_SERIES_OUTCOMES"}
         env = {
-            **os.environ,
+            **inherited,
             "XPU_UPSTREAM_PROJECT": str(self.project_root),
             "XPU_UPSTREAM_INI": str(self._tmp / "pytest.ini"),
+            "XPU_UPSTREAM_TOOL": str(Path(__file__).parent),
             # Processes the tests start import sglang from the work tree too.
             "PYTHONPATH": str(self.work_root / "python"),
             "PYTHONNOUSERSITE": "1",

@@ -512,15 +512,31 @@ def test_a_test_that_kills_the_interpreter_is_reported(up: Project) -> None:
 
 
 @pytest.mark.parametrize(
-    "args",
+    ("args", "then"),
     [
-        (),
-        ("--all", "0001"),
-        ("--all", "--compare-to", "1"),
-        ("0001", "0002", "--forwarded", "https://github.com/sgl-project/sglang/pull/1"),
+        # The hint's command, followed literally, must work.
+        ((), ("upstream", "--all")),
+        (("--all", "0001"), ("upstream", "--all", "--check")),
+        (("--all", "--compare-to", "1"), ("upstream", "0001", "--compare-to", "1")),
+        (
+            ("0001", "0002", "--forwarded", "https://github.com/sgl-project/sglang/pull/1"),
+            ("upstream", "0001", "--forwarded",
+             "https://github.com/sgl-project/sglang/pull/1"),
+        ),
     ],
-)
-def test_patch_choice_mistakes_are_usage(up: Project, args: tuple[str, ...]) -> None:
+)  # fmt: skip
+def test_patch_choice_mistakes_are_usage_and_the_hint_works(
+    up: Project, args: tuple[str, ...], then: tuple[str, ...]
+) -> None:
+    import re
+
     result = up.run("upstream", *args)
     assert result.code == 2
-    assert "hint:" in result.err
+    hint = result.err.split("hint: ", 1)[1]
+    quoted = [q.split() for q in re.findall(r"'xpu-series ([^']+)'", hint)]
+    # Placeholders (PATCH, N, URL) are the user's to fill: here with this case's.
+    values = {"PATCH": "0001", "N": "1", "URL": then[-1]}
+    filled = [[values.get(word, word) for word in words] for words in quoted]
+    assert list(then) in filled, hint
+    assert up.run("upstream", "0001").code == 0  # v1 exists to compare to
+    assert up.run(*then).code == 0, up.run(*then).err

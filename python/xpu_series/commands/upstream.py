@@ -88,13 +88,15 @@ def _check_usage(args: argparse.Namespace) -> None:
     if not args.all and not args.patch:
         raise UsageError(
             "no patch named",
-            hint="name one (e.g. 'xpu-series upstream 0005'), or give --all",
+            hint="name one ('xpu-series status' lists them), or export every "
+            "one: 'xpu-series upstream --all'",
         )
     several = args.all or len(set(args.patch)) > 1
     if several and (args.forwarded is not None or args.compare_to is not None):
+        option = "--forwarded URL" if args.forwarded is not None else "--compare-to N"
         raise UsageError(
-            "--forwarded and --compare-to take one patch",
-            hint="run them once per patch",
+            f"{option.split()[0]} takes one patch",
+            hint=f"run it once per patch: 'xpu-series upstream PATCH {option}'",
         )
     if args.forwarded is not None:
         check_url(args.forwarded)
