@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import ast
+import contextlib
 import gc
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -422,31 +424,27 @@ class _Scanner(ast.NodeVisitor):
         return
 
     # --- guards ------------------------------------------------------------
-    def _conditionally(self, node: ast.AST) -> None:
-        """Visit a compound statement that may skip or catch what it holds."""
+    @contextlib.contextmanager
+    def _conditionally(self) -> Iterator[None]:
+        """Inside a compound statement that may skip or catch what it holds."""
         self.conditional += 1
         try:
-            self._compound(node)
+            yield
         finally:
             self.conditional -= 1
 
     def visit_If(self, node: ast.If) -> None:
-        self.conditional += 1
-        try:
+        with self._conditionally():
             self._visit_if(node)
-        finally:
-            self.conditional -= 1
 
     def visit_For(self, node: ast.For) -> None:
-        self._conditionally(node)
+        with self._conditionally():
+            self.generic_visit(node)
 
     visit_AsyncFor = visit_For
     visit_With = visit_For
     visit_AsyncWith = visit_For
     visit_Match = visit_For
-
-    def _compound(self, node: ast.AST) -> None:
-        self.generic_visit(node)
 
     def _visit_if(self, node: ast.If) -> None:
         self.visit(node.test)
@@ -464,11 +462,8 @@ class _Scanner(ast.NodeVisitor):
             self.block(node.orelse)
 
     def visit_While(self, node: ast.While) -> None:
-        self.conditional += 1
-        try:
+        with self._conditionally():
             self._visit_while(node)
-        finally:
-            self.conditional -= 1
 
     def _visit_while(self, node: ast.While) -> None:
         self.visit(node.test)
