@@ -35,10 +35,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
-from xpu_series.pin import version_tuple  # noqa: E402
 from xpu_series.project import Project  # noqa: E402
-from xpu_series.tree import ensure_base_cache  # noqa: E402
-from xpu_series.wheel import fetch_wheel  # noqa: E402
+from xpu_series.stack.pin import version_tuple  # noqa: E402
+from xpu_series.stack.tree import ensure_base_cache  # noqa: E402
+from xpu_series.stack.wheel import fetch_wheel  # noqa: E402
 
 MOVES = "patches/moves/"
 # What a move commit records besides the new series: laid over its parent's patches/.

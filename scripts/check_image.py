@@ -56,7 +56,7 @@ from image_build import (  # noqa: E402
 )
 from xpu_series.errors import NetworkError  # noqa: E402
 from xpu_series.project import Project  # noqa: E402
-from xpu_series.wheel import FetchedWheel, fetch_wheel  # noqa: E402
+from xpu_series.stack.wheel import FetchedWheel, fetch_wheel  # noqa: E402
 
 # bookworm: its python3 (3.11) is the one the pinned cp311 wheels are for.
 ROOTFS = RootfsSpec("bookworm", ("python3", "python3-venv"))

@@ -33,8 +33,8 @@ PY = ROOT / ".venv" / "bin" / "python"
 TOOL = ROOT / ".venv" / "bin" / "xpu-series"
 sys.path.insert(0, str(ROOT / "python"))
 
-from xpu_series.bytecode import prime_folder  # noqa: E402
 from xpu_series.project import Project  # noqa: E402
+from xpu_series.proofs.bytecode import prime_folder  # noqa: E402
 
 
 class Failed(Exception):

@@ -16,7 +16,7 @@ Every probe in PROBES runs twice, each in a fork of a worker that imported torch
     .venv/bin/python scripts/measure_cuda_effects.py --json
 
 `--check` compares both outcomes of every probed entry with the committed table in
-xpu_series.audit_effects (its `here` and `xpu` signatures); an entry classified from
+xpu_series.audit.effects (its `here` and `xpu` signatures); an entry classified from
 torch's source is thereby checked against the simulated XPU build.
 """
 
@@ -40,7 +40,7 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "python"))
 
-from xpu_series.audit_effects import EVIDENCE, effect_of  # noqa: E402
+from xpu_series.audit.effects import EVIDENCE, effect_of  # noqa: E402
 
 PROBE_TIMEOUT = 20.0  # seconds one probe may take in its fork
 MODES = ("here", "xpu")
@@ -449,7 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     if wrong:
         print(
             "hint: re-read torch/cuda for these APIs, then update the rows in "
-            "python/xpu_series/audit_effects.py",
+            "python/xpu_series/audit/effects.py",
             file=sys.stderr,
         )
         return 1

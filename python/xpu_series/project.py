@@ -8,9 +8,9 @@ from functools import cached_property
 from pathlib import Path
 
 from xpu_series.errors import UsageError
-from xpu_series.operation import OperationStore
-from xpu_series.pin import Pin, load_pin
-from xpu_series.series import Series, load_series, load_series_for
+from xpu_series.stack.operation import OperationStore
+from xpu_series.stack.pin import Pin, load_pin
+from xpu_series.stack.series import Series, load_series, load_series_for
 
 
 @dataclass(frozen=True)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import SCRIPTS, load_script
 
-from xpu_series.audit_effects import (
+from xpu_series.audit.effects import (
     CUDA_ONLY_PACKAGES,
     EFFECTS,
     EVIDENCE,
@@ -285,7 +285,7 @@ def test_each_cuda_only_package_is_a_requirement_of_the_cuda_wheel() -> None:
 
 
 def test_the_library_does_not_import_torch() -> None:
-    code = "import sys, xpu_series.audit_effects; print('torch' in sys.modules)"
+    code = "import sys, xpu_series.audit.effects; print('torch' in sys.modules)"
     done = subprocess.run(
         [sys.executable, "-c", code], capture_output=True, text=True, check=True,
         env={"PYTHONPATH": str(ROOT / "python")},

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from xpu_series.audit_trace import cached_trace, record_trace
+from xpu_series.audit.trace import cached_trace, record_trace
 from xpu_series.errors import StandinError
 from xpu_series.project import Project
 

@@ -14,8 +14,10 @@ import os
 import signal
 import sys
 
-from xpu_series import cli, engine, overlay, sequencer, tree
+from xpu_series import cli
 from xpu_series.commands import rebase
+from xpu_series.overlay import install as overlay
+from xpu_series.stack import engine, sequencer, tree
 
 
 def arm(where: str, sig: int) -> None:

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from conftest import BASE_FILES, Project, build_wheel, git, wheel_name, write_pin
 
-from xpu_series import engine
 from xpu_series.lock import lock_path
+from xpu_series.stack import engine
 
 
 def subjects(tree: Path) -> list[str]:

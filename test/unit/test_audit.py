@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from conftest import Project
 
-from xpu_series.audit_reach import device_module, reached_modules
-from xpu_series.audit_scan import scan_source
-from xpu_series.audit_triage import load_triage
+from xpu_series.audit.reach import device_module, reached_modules
+from xpu_series.audit.scan import scan_source
+from xpu_series.audit.triage import load_triage
 from xpu_series.errors import UsageError
 
 PACKAGES = frozenset({"flashinfer"})
@@ -433,7 +433,7 @@ def test_sarif_output_is_valid_and_fingerprints_survive_moved_lines(
 
 
 def test_patched_and_since_count_by_file_function_and_api() -> None:
-    from xpu_series.audit import candidates, fixed_by_series, judge, only_new
+    from xpu_series.audit.analysis import candidates, fixed_by_series, judge, only_new
 
     path = "python/sglang/srt/managers/scheduler.py"
     before = candidates({path: scan(SCHEDULER, path)})[0]
@@ -510,7 +510,7 @@ def test_code_for_a_cuda_backend_a_user_names_is_guarded() -> None:
 
 
 def test_a_module_importing_a_cuda_only_package_stops_there_on_xpu() -> None:
-    from xpu_series.audit import candidates
+    from xpu_series.audit.analysis import candidates
 
     files = {
         "python/sglang/srt/managers/scheduler.py": (
@@ -613,8 +613,8 @@ def test_platform_flags_and_backend_predicates_are_guards_not_tensor_tests() -> 
 
 
 def test_a_module_importing_an_unimportable_module_at_its_top_is_unimportable() -> None:
-    from xpu_series.audit import candidates
-    from xpu_series.audit_reach import blocked_modules
+    from xpu_series.audit.analysis import candidates
+    from xpu_series.audit.reach import blocked_modules
 
     files = {
         "python/sglang/srt/kernels/cute/__init__.py": "import cutlass_dsl_pkg\n",

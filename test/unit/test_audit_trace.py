@@ -15,8 +15,8 @@ from pathlib import Path
 import pytest
 from conftest import git
 
-from xpu_series import audit_trace
-from xpu_series.audit_trace import (
+from xpu_series.audit import trace as audit_trace
+from xpu_series.audit.trace import (
     TracedCall,
     cached_trace,
     hook_environment,
@@ -289,7 +289,7 @@ def test_trace_key_follows_the_tree_content(synthetic: Path):
 
 
 def test_a_commit_is_keyed_as_a_clean_checkout_of_it(synthetic: Path, tmp_path: Path):
-    from xpu_series.audit_trace import commit_key
+    from xpu_series.audit.trace import commit_key
 
     bare = tmp_path / "bare.git"
     git(tmp_path, "clone", "-q", "--bare", str(synthetic), str(bare))

@@ -12,8 +12,8 @@ from pathlib import Path
 
 from conftest import Project, git
 
-from xpu_series import bytecode
 from xpu_series.git import Git
+from xpu_series.proofs import bytecode
 
 MODULES = {
     "python/pkg/__init__.py": "",

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from conftest import BASE_FILES, Project, build_wheel, git, interrupt, wheel_name
 
-from xpu_series.operation import snapshot
+from xpu_series.stack.operation import snapshot
 
 PYTHON = Path(__file__).parents[2] / "python"
 

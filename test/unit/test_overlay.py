@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from conftest import Project, interrupt
 
-from xpu_series.hunks import blob_id, parse_patch
-from xpu_series.overlay import JOURNAL, record_hash
+from xpu_series.overlay.install import JOURNAL, record_hash
+from xpu_series.stack.hunks import blob_id, parse_patch
 
 
 def install_wheel(site: Path, wheel: Path) -> Path:
@@ -343,7 +343,7 @@ def test_the_hunk_applier_keeps_a_missing_final_newline(tmp_path: Path) -> None:
         "@@ -1,3 +1,3 @@\n a\n-b\n+B\n c\n\\ No newline at end of file\n"
     )
     (diff,) = parse_patch(text)
-    from xpu_series.hunks import apply_diff
+    from xpu_series.stack.hunks import apply_diff
 
     assert apply_diff(diff, before, "p") == after
 

@@ -11,8 +11,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from xpu_series.errors import XpuSeriesError
-from xpu_series.header import header_problems, parse_header, patch_paths
-from xpu_series.series import load_series, path_problem, static_problems
+from xpu_series.stack.header import header_problems, parse_header, patch_paths
+from xpu_series.stack.series import load_series, path_problem, static_problems
 
 VALID_PATCH = (
     "From 0000000000000000000000000000000000000000 Mon Sep 17 00:00:00 2001\n"

@@ -15,7 +15,7 @@ from conftest import Project, git
 
 from xpu_series.git import Git
 from xpu_series.project import Project as XpuProject
-from xpu_series.proof import PrefixRunner, Run
+from xpu_series.proofs.proof import PrefixRunner, Run
 
 
 def _children(name: str) -> list[int]:
@@ -118,7 +118,7 @@ def test_a_worker_killed_between_runs_is_replaced(
         heard.append(line)
         if killed:
             return
-        (worker,) = _children("xpu_series.prefix_worker")
+        (worker,) = _children("xpu_series.proofs.prefix_worker")
         os.kill(worker, signal.SIGKILL)
         assert _wait_gone(worker)
         killed.append(worker)
@@ -133,12 +133,12 @@ def test_a_worker_killed_between_runs_is_replaced(
     key = f"{test}::test_value"
     assert results == {"prefix-0": {key: "failed"}, "prefix-1": {key: "passed"}}
     assert "new worker" in " ".join(heard)
-    assert not _children("xpu_series.prefix_worker"), "a worker was left running"
+    assert not _children("xpu_series.proofs.prefix_worker"), "a worker was left running"
 
 
 def test_a_fork_can_register_the_metrics_its_worker_imported_again() -> None:
     prometheus = pytest.importorskip("prometheus_client", reason="no prometheus_client")
-    from xpu_series.prefix_worker import fresh_metrics
+    from xpu_series.proofs.prefix_worker import fresh_metrics
 
     prometheus.Counter("xpu_series_probe_total", "registered by the worker")
     with pytest.raises(ValueError):  # what a fork's fresh import of sglang hit

@@ -17,7 +17,7 @@ from conftest import (
     wheel_name,
 )
 
-from xpu_series.operation import snapshot
+from xpu_series.stack.operation import snapshot
 
 
 def newer(tmp_path: Path, version: str = "0.0.2", **changes: str | None) -> Path:

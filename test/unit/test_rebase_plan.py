@@ -12,7 +12,7 @@ from pathlib import Path
 from conftest import Project, git
 from test_rebase import _conflicting_release, newer
 
-from xpu_series.operation import snapshot
+from xpu_series.stack.operation import snapshot
 
 
 def _stop_at_0002(project: Project, wheel: Path) -> None:

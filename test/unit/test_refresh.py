@@ -6,7 +6,7 @@ import json
 
 from conftest import Project, git
 
-from xpu_series.header import parse_header
+from xpu_series.stack.header import parse_header
 
 
 def _snapshot(project: Project) -> dict[str, bytes]:

@@ -403,7 +403,7 @@ def test_json_output_names_the_revision_and_its_files(up: Project) -> None:
 
 
 def test_a_helper_that_imports_a_helper_is_inlined_too(tmp_path: Path) -> None:
-    from xpu_series.upstream_tests import export_test
+    from xpu_series.upstream.tests import export_test
 
     unit = tmp_path / "test/registered/unit"
     (unit / "srt").mkdir(parents=True)

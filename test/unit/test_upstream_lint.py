@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from xpu_series.project import find_project
-from xpu_series.upstream_lint import format_files, lint_files, load_hooks
+from xpu_series.upstream.lint import format_files, lint_files, load_hooks
 
 ROOT = Path(__file__).resolve().parents[2]
 TREE = ROOT / "build" / "sglang"

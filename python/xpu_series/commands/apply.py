@@ -14,7 +14,6 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpu_series.bytecode import prime
 from xpu_series.commands import (
     Context,
     Output,
@@ -23,14 +22,15 @@ from xpu_series.commands import (
     add_upstream,
     problems_hint,
 )
-from xpu_series.engine import ProgressHook, apply_patches
 from xpu_series.errors import TreeError, UsageError
 from xpu_series.git import Git
 from xpu_series.lock import tree_lock
-from xpu_series.operation import Operation, copy_patches, require_idle
 from xpu_series.project import Project
+from xpu_series.proofs.bytecode import prime
 from xpu_series.result import ExitCode, PatchOutcome, PatchStatus, Report, UpstreamInfo
-from xpu_series.sequencer import (
+from xpu_series.stack.engine import ProgressHook, apply_patches
+from xpu_series.stack.operation import Operation, copy_patches, require_idle
+from xpu_series.stack.sequencer import (
     EDIT_STOP,
     Outcome,
     Runner,
@@ -40,8 +40,8 @@ from xpu_series.sequencer import (
     record_applied,
     resume,
 )
-from xpu_series.series import Series, static_problems
-from xpu_series.tree import (
+from xpu_series.stack.series import Series, static_problems
+from xpu_series.stack.tree import (
     APPLIED_REF,
     UPSTREAM_TAG,
     BaseInfo,
@@ -50,8 +50,8 @@ from xpu_series.tree import (
     repair,
     write_record,
 )
+from xpu_series.stack.wheel import fetch_wheel
 from xpu_series.ui import render_report
-from xpu_series.wheel import fetch_wheel
 
 HELP = "build the tree: upstream commit + one commit per patch"
 PTH_NAME = "xpu-series-tree.pth"

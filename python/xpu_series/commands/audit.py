@@ -17,14 +17,14 @@ import json
 import sys
 from pathlib import Path
 
-from xpu_series.audit import AuditReport, run_audit
-from xpu_series.audit_render import (
+from xpu_series.audit.analysis import AuditReport, run_audit
+from xpu_series.audit.render import (
     render_json,
     render_markdown,
     render_sarif,
     render_text,
 )
-from xpu_series.audit_source import (
+from xpu_series.audit.source import (
     TreeFiles,
     commit_files,
     folder_files,
@@ -32,14 +32,14 @@ from xpu_series.audit_source import (
     release_base,
     series_tree,
 )
-from xpu_series.audit_trace import cached_trace, commit_key, record_trace
-from xpu_series.audit_triage import load_triage
+from xpu_series.audit.trace import cached_trace, commit_key, record_trace
+from xpu_series.audit.triage import load_triage
 from xpu_series.commands import Context, Output, add_tree
 from xpu_series.errors import UsageError
 from xpu_series.git import Git
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
-from xpu_series.tree import UPSTREAM_TAG
+from xpu_series.stack.tree import UPSTREAM_TAG
 
 HELP = "find CUDA-only code on XPU server paths (per release, triaged)"
 TRIAGE = "audit.toml"

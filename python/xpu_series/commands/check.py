@@ -9,7 +9,7 @@ from xpu_series.commands import Context, Output, add_upstream, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.project import Project
 from xpu_series.result import ExitCode, Report
-from xpu_series.series import (
+from xpu_series.stack.series import (
     dropped_test_problems,
     format_problems,
     metadata_problems,

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from xpu_series.commands import Context, Output, add_upstream
 from xpu_series.project import Project
-from xpu_series.wheel import FetchedWheel, fetch_wheel
+from xpu_series.stack.wheel import FetchedWheel, fetch_wheel
 
 HELP = "get the pinned wheel into the cache, verify its sha256"
 

@@ -20,22 +20,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_series import engine
 from xpu_series.commands import Context, Output
 from xpu_series.commands.apply import remember, reusable, scratch_key
 from xpu_series.commands.check import run_check
 from xpu_series.errors import UsageError
 from xpu_series.git import Git
 from xpu_series.lock import tree_lock
-from xpu_series.pin import version_tuple
 from xpu_series.project import Project
-from xpu_series.proof import Counts, PrefixRunner, Run, count
+from xpu_series.proofs.proof import Counts, PrefixRunner, Run, count
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, PatchStatus, Report
-from xpu_series.sequencer import borrow_pin_objects
-from xpu_series.series import Patch
-from xpu_series.tree import materialize_base, repair
+from xpu_series.stack import engine
+from xpu_series.stack.pin import version_tuple
+from xpu_series.stack.sequencer import borrow_pin_objects
+from xpu_series.stack.series import Patch
+from xpu_series.stack.tree import materialize_base, repair
+from xpu_series.stack.wheel import fetch_wheel, index_releases
 from xpu_series.ui import table
-from xpu_series.wheel import fetch_wheel, index_releases
 
 HELP = "each patch on several upstream releases: applies? still needed?"
 NEEDED = "needed"

@@ -22,7 +22,7 @@ from xpu_series.commands import Context, Output
 from xpu_series.commands.apply import ApplyOptions, allowed_prefixes, run_apply
 from xpu_series.errors import SeriesError, UsageError
 from xpu_series.git import Git
-from xpu_series.overlay import (
+from xpu_series.overlay.install import (
     OverlayReport,
     describe,
     export_text,
@@ -34,7 +34,7 @@ from xpu_series.overlay import (
 )
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
-from xpu_series.tree import read_record
+from xpu_series.stack.tree import read_record
 
 HELP = "write the series into an installed sglang (undoable; checked first)"
 

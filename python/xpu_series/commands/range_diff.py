@@ -20,7 +20,7 @@ from xpu_series.errors import UsageError, XpuSeriesError
 from xpu_series.git import Git
 from xpu_series.project import Project
 from xpu_series.result import ExitCode, Report
-from xpu_series.tree import UPSTREAM_TAG
+from xpu_series.stack.tree import UPSTREAM_TAG
 from xpu_series.ui import table
 
 HELP = "what changed in each patch between two revisions of patches/"

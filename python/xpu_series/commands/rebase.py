@@ -32,16 +32,16 @@ from xpu_series.commands.apply import (
     save_local_edits,
 )
 from xpu_series.commands.refresh import export_commit
-from xpu_series.engine import ProgressHook
 from xpu_series.errors import SeriesError, UsageError, XpuSeriesError
 from xpu_series.git import Git
-from xpu_series.header import parse_header
 from xpu_series.lock import tree_lock
-from xpu_series.operation import Operation, require_idle, snapshot, swap_in
-from xpu_series.plan import Decision, check_since, parse_plan, render_plan
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
-from xpu_series.sequencer import (
+from xpu_series.stack.engine import ProgressHook
+from xpu_series.stack.header import parse_header
+from xpu_series.stack.operation import Operation, require_idle, snapshot, swap_in
+from xpu_series.stack.plan import Decision, check_since, parse_plan, render_plan
+from xpu_series.stack.sequencer import (
     Outcome,
     Runner,
     abort_operation,
@@ -50,9 +50,9 @@ from xpu_series.sequencer import (
     resolution_path,
     resume,
 )
-from xpu_series.series import load_series, static_problems
+from xpu_series.stack.series import load_series, static_problems
+from xpu_series.stack.wheel import fetch_wheel
 from xpu_series.ui import render_report, table
-from xpu_series.wheel import fetch_wheel
 
 HELP = "move the series to a newer sglang release (--continue/--skip/--abort)"
 UPSTREAMED = "upstreamed"
@@ -474,7 +474,7 @@ def _test_retired(
     """Run the retired patches' tests on the new base (one pytest process, one
     sglang import): passing ones stay as regression tests of upstream's
     behaviour, failing ones are listed for the maintainer."""
-    from xpu_series.proof import count, run_pytest
+    from xpu_series.proofs.proof import count, run_pytest
 
     wanted: dict[str, list[str]] = {}
     for entry in retired:

@@ -11,10 +11,10 @@ from typing import Any
 from xpu_series.commands import Context, Output, add_tree
 from xpu_series.errors import TreeError
 from xpu_series.git import Git
-from xpu_series.operation import require_idle
 from xpu_series.project import Project
-from xpu_series.series import PatchName
-from xpu_series.tree import APPLIED_REF, UPSTREAM_TAG, read_record, write_record
+from xpu_series.stack.operation import require_idle
+from xpu_series.stack.series import PatchName
+from xpu_series.stack.tree import APPLIED_REF, UPSTREAM_TAG, read_record, write_record
 
 HELP = "export the tree's commits into patches/, byte-stable"
 

@@ -12,7 +12,7 @@ from xpu_series.commands import Context, Output, add_tree
 from xpu_series.errors import GitError
 from xpu_series.git import Git
 from xpu_series.project import Project
-from xpu_series.tree import APPLIED_REF, UPSTREAM_TAG, read_record
+from xpu_series.stack.tree import APPLIED_REF, UPSTREAM_TAG, read_record
 from xpu_series.ui import table
 
 HELP = "show the pin, the tree, applied patches, local edits"

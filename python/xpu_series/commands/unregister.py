@@ -16,9 +16,9 @@ from typing import Any
 
 from xpu_series.commands import Context, Output
 from xpu_series.errors import UsageError
-from xpu_series.header import parse_header
-from xpu_series.operation import require_idle
 from xpu_series.project import Project
+from xpu_series.stack.header import parse_header
+from xpu_series.stack.operation import require_idle
 
 HELP = "remove a retired patch's tests that no longer hold, recording why"
 RETIRED_DIRS = ("upstreamed", "dropped")

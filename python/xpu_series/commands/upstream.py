@@ -14,11 +14,11 @@ from xpu_series.errors import UsageError
 from xpu_series.lock import tree_lock
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
-from xpu_series.upstream_check import CheckResult, run_check
-from xpu_series.upstream_export import Export, export_patch, find_target
-from xpu_series.upstream_pr import gather, render
-from xpu_series.upstream_revise import check_url, range_diff, record_forwarded
-from xpu_series.upstream_runner import TestServer
+from xpu_series.upstream.check import CheckResult, run_check
+from xpu_series.upstream.export import Export, export_patch, find_target
+from xpu_series.upstream.pr import gather, render
+from xpu_series.upstream.revise import check_url, range_diff, record_forwarded
+from xpu_series.upstream.runner import TestServer
 
 HELP = "export a carried patch as an upstream pull request (--check proves it)"
 

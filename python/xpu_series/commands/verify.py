@@ -12,14 +12,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_series import mutant_worker
-from xpu_series.bytecode import prime
 from xpu_series.commands import Context, Output, problems_hint
 from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.errors import UsageError, XpuSeriesError
 from xpu_series.git import Git
 from xpu_series.lock import tree_lock
-from xpu_series.mutants import (
+from xpu_series.project import Project
+from xpu_series.proofs import mutant_worker
+from xpu_series.proofs.bytecode import prime
+from xpu_series.proofs.mutants import (
     ACCEPTED,
     Mutant,
     PatchMutants,
@@ -27,8 +28,7 @@ from xpu_series.mutants import (
     patch_mutants,
     run_worker,
 )
-from xpu_series.project import Project
-from xpu_series.proof import (
+from xpu_series.proofs.proof import (
     Counts,
     PrefixRunner,
     Run,
@@ -39,7 +39,7 @@ from xpu_series.proof import (
     store_json,
 )
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, Report
-from xpu_series.tree import UPSTREAM_TAG
+from xpu_series.stack.tree import UPSTREAM_TAG
 from xpu_series.ui import render_report, table
 
 HELP = "prove each patch's tests fail without it and pass with it"

@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpu_series.bytecode import prime
 from xpu_series.git import Git, run_command, stop_worker
 from xpu_series.project import Project
+from xpu_series.proofs.bytecode import prime
 
 # Bumped when what a cached outcome means changes (the plugin, the counting).
 _CACHE_FORMAT = "2"
@@ -98,18 +98,20 @@ def run_pytest(
     project: Project, tree: Path, tests: list[str]
 ) -> tuple[dict[str, str], str]:
     """Run `tests` with `import sglang` resolving to `tree`; outcome per node id
-    (from the xpu_series.pytest_outcomes plugin) and the tail of pytest's output."""
+    (from the xpu_series.proofs.pytest_outcomes plugin) and the tail of pytest's
+    output."""
     with tempfile.TemporaryDirectory(prefix="xpu-verify-") as tmp:
         out = Path(tmp) / "outcomes.json"
         env = {
             "PYTHONPATH": os.pathsep.join(
-                [str(tree / "python"), str(Path(__file__).parents[2])]
+                [str(tree / "python"), str(Path(__file__).parents[3])]
             ),
             "XPU_SERIES_OUTCOMES": str(out),
             "PYTHONDONTWRITEBYTECODE": "1",
         }
         args = [
-            sys.executable, "-m", "pytest", "-q", "-p", "xpu_series.pytest_outcomes",
+            sys.executable, "-m", "pytest", "-q",
+            "-p", "xpu_series.proofs.pytest_outcomes",
             "-p", "no:cacheprovider", "--continue-on-collection-errors",
             "--rootdir", str(project.root), *tests,
         ]  # fmt: skip
@@ -131,13 +133,13 @@ class _Worker:
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(
-                [str(worktree / "python"), str(Path(__file__).parents[1])]
+                [str(worktree / "python"), str(Path(__file__).parents[2])]
             ),
             # Nothing of the runs' own (servers they start) writes into the tree.
             "PYTHONDONTWRITEBYTECODE": "1",
         }
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "xpu_series.prefix_worker", str(project.root),
+            [sys.executable, "-m", "xpu_series.proofs.prefix_worker", str(project.root),
              str(self.tmp / "tests.json"), str(worktree / "python")],
             cwd=project.root, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
             stderr=self.stderr, text=True,

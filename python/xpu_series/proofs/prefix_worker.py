@@ -2,7 +2,7 @@
 imported once, then each run is a fork that imports sglang and the test modules
 afresh from whatever commit its worktree has checked out by then.
 
-    python -m xpu_series.prefix_worker ROOT TESTS.json [PYTHON]
+    python -m xpu_series.proofs.prefix_worker ROOT TESTS.json [PYTHON]
 
 TESTS.json lists every test the runs may name (they are collected once, to
 import what they need); PYTHON is the python/ folder of the worktree the worker
@@ -39,7 +39,7 @@ def _forget(root: Path) -> None:
         if (
             name == "sglang"
             or name.startswith("sglang.")
-            or name == "xpu_series.pytest_outcomes"
+            or name == "xpu_series.proofs.pytest_outcomes"
             or path.startswith(tests)
         ):
             del sys.modules[name]
@@ -76,7 +76,7 @@ def _child(root: Path, run: dict, started_on: str | None) -> None:
     log = os.open(run["log"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
     os.dup2(log, 1)
     os.dup2(log, 2)
-    code = pytest.main(["-q", "-p", "xpu_series.pytest_outcomes",
+    code = pytest.main(["-q", "-p", "xpu_series.proofs.pytest_outcomes",
                         "-p", "no:cacheprovider", "--continue-on-collection-errors",
                         "--rootdir", str(root), *run["tests"]])  # fmt: skip
     sys.stdout.flush()

@@ -20,7 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from xpu_series.errors import UsageError
-from xpu_series.pin import version_tuple
+from xpu_series.stack.pin import version_tuple
 
 ACTIONS = ("retire", "drop", "edit")
 

@@ -14,12 +14,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_series.bytecode import prime
 from xpu_series.project import Project
-from xpu_series.upstream_export import Export, Workspace
-from xpu_series.upstream_lint import added_lines, lint_files, load_conventions
-from xpu_series.upstream_runner import SERVER, TestServer
-from xpu_series.upstream_tests import imports_of
+from xpu_series.proofs.bytecode import prime
+from xpu_series.upstream.export import Export, Workspace
+from xpu_series.upstream.lint import added_lines, lint_files, load_conventions
+from xpu_series.upstream.runner import SERVER, TestServer
+from xpu_series.upstream.tests import imports_of
 
 
 @dataclass

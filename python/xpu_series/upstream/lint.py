@@ -1,4 +1,4 @@
-"""Upstream's lint hooks (versions kept as data in upstream_conventions.toml),
+"""Upstream's lint hooks (versions kept as data in upstream/conventions.toml),
 installed into the cache with pip and run directly on an export's files."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from xpu_series.errors import NetworkError
 from xpu_series.git import run_command
 
-CONVENTIONS = Path(__file__).with_name("upstream_conventions.toml")
+CONVENTIONS = Path(__file__).with_name("conventions.toml")
 _CODESPELL_LINE = re.compile(r"^(?P<path>.+?):(?P<line>\d+): ")
 
 

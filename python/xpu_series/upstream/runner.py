@@ -145,7 +145,7 @@ class TestServer:
             **inherited,
             "XPU_UPSTREAM_PROJECT": str(self.project_root),
             "XPU_UPSTREAM_INI": str(self._tmp / "pytest.ini"),
-            "XPU_UPSTREAM_TOOL": str(Path(__file__).parent),
+            "XPU_UPSTREAM_TOOL": str(Path(__file__).parents[1] / "proofs"),
             # Processes the tests start import sglang from the work tree too.
             "PYTHONPATH": str(self.work_root / "python"),
             "PYTHONNOUSERSITE": "1",

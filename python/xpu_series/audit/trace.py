@@ -37,14 +37,14 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import ModuleType
 
-from xpu_series.bytecode import prime
 from xpu_series.errors import StandinError, UsageError
 from xpu_series.git import Git
+from xpu_series.proofs.bytecode import prime
 
 # Bump when the hook or the workload changes what a run records: old records
 # then no longer match any tree's key.
 TRACE_FORMAT = 1
-HOOK_DIR = Path(__file__).resolve().parent / "audit_tracer"
+HOOK_DIR = Path(__file__).resolve().parent / "tracer"
 DIR_ENV = "XPU_SERIES_AUDIT_TRACE_DIR"
 ROOT_ENV = "XPU_SERIES_AUDIT_TRACE_ROOT"
 START_TIMEOUT_S = 180.0

@@ -11,14 +11,14 @@ from functools import cached_property
 from pathlib import Path, PurePosixPath
 
 from xpu_series.errors import SeriesError
-from xpu_series.header import (
+from xpu_series.stack.header import (
     PatchHeader,
     backport_version,
     header_problems,
     parse_header,
     patch_paths,
 )
-from xpu_series.pin import version_tuple
+from xpu_series.stack.pin import version_tuple
 
 _NAME = re.compile(r"^[0-9]{4}-[a-z0-9][a-z0-9.-]*\.patch$")
 

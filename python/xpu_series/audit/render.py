@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from xpu_series import __version__
-from xpu_series.audit import EXPOSED, VERDICTS, AuditReport, Finding, grouped
-from xpu_series.audit_scan import KINDS
+from xpu_series.audit.analysis import EXPOSED, VERDICTS, AuditReport, Finding, grouped
+from xpu_series.audit.scan import KINDS
 
 # What each finding kind is, for SARIF's rules and the report's legend.
 RULES = {

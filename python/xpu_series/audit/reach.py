@@ -29,7 +29,7 @@ import re
 from collections.abc import Iterable, Mapping
 from functools import cache
 
-from xpu_series.audit_scan import FileScan
+from xpu_series.audit.scan import FileScan
 
 ROOTS = (
     "sglang.launch_server",

@@ -14,13 +14,13 @@ from typing import Any
 
 from xpu_series.errors import TreeError, UsageError
 from xpu_series.git import Git
-from xpu_series.header import PatchHeader, parse_header
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
-from xpu_series.series import Patch
-from xpu_series.tree import UPSTREAM_TAG, read_record
-from xpu_series.upstream_lint import added_lines, format_files
-from xpu_series.upstream_tests import ExportedTest, ExportError, export_test
+from xpu_series.stack.header import PatchHeader, parse_header
+from xpu_series.stack.series import Patch
+from xpu_series.stack.tree import UPSTREAM_TAG, read_record
+from xpu_series.upstream.lint import added_lines, format_files
+from xpu_series.upstream.tests import ExportedTest, ExportError, export_test
 
 # Why a Tests: class that is not in Fast-Tests stays out of upstream's unit/.
 SERVER_REASON = "starts real servers; upstream's test/registered/unit/ starts none"

@@ -15,7 +15,7 @@ from pathlib import Path, PurePosixPath
 
 from xpu_series.errors import IntegrityError, NetworkError, WheelError
 from xpu_series.git import run_command
-from xpu_series.pin import Pin
+from xpu_series.stack.pin import Pin
 
 _CHUNK = 1 << 20
 # pip's own words when the index cannot be reached or does not have the file.

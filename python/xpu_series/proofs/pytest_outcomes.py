@@ -1,5 +1,5 @@
 """A pytest plugin that writes every test's outcome to the JSON file named by
-XPU_SERIES_OUTCOMES; `verify` loads it with `-p xpu_series.pytest_outcomes`."""
+XPU_SERIES_OUTCOMES; `verify` loads it with `-p xpu_series.proofs.pytest_outcomes`."""
 
 from __future__ import annotations
 

@@ -25,17 +25,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_series import audit_guards, audit_scan
-from xpu_series.audit_effects import CUDA_ONLY_PACKAGES, Effect, effect_of
-from xpu_series.audit_reach import (
+from xpu_series.audit import guards as audit_guards
+from xpu_series.audit import scan as audit_scan
+from xpu_series.audit.effects import CUDA_ONLY_PACKAGES, Effect, effect_of
+from xpu_series.audit.reach import (
     blocked_modules,
     device_module,
     reached_modules,
     unimportable,
 )
-from xpu_series.audit_scan import CUDA_PACKAGE, FileScan, RawFinding, scan_source
-from xpu_series.audit_source import TreeFiles
-from xpu_series.audit_triage import TriageEntry, TriageIndex
+from xpu_series.audit.scan import CUDA_PACKAGE, FileScan, RawFinding, scan_source
+from xpu_series.audit.source import TreeFiles
+from xpu_series.audit.triage import TriageEntry, TriageIndex
 
 FORMAT = "1"
 EXPOSED, TRIAGED, PATCHED, GUARDED, UNREACHED, HARMLESS = (

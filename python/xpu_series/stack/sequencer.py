@@ -11,28 +11,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from xpu_series import engine
-from xpu_series.engine import (
-    ProgressHook,
-    _abort_am,
-    _am_in_progress,
-    classify_patch,
-    files_with_markers,
-    stop_with_markers,
-    unmerged_paths,
-)
 from xpu_series.errors import Interrupted, TreeError, UsageError, XpuSeriesError
 from xpu_series.git import Git
 from xpu_series.lock import tree_lock
-from xpu_series.operation import (
-    ORIG_HEAD_REF,
-    ORIG_UPSTREAM_REF,
-    Operation,
-    article,
-    copy_patches,
-    snapshot,
-    swap_in,
-)
 from xpu_series.project import Project
 from xpu_series.result import (
     ExitCode,
@@ -41,8 +22,27 @@ from xpu_series.result import (
     Report,
     UpstreamInfo,
 )
-from xpu_series.series import Patch, Series, load_series_for
-from xpu_series.tree import (
+from xpu_series.stack import engine
+from xpu_series.stack.engine import (
+    ProgressHook,
+    _abort_am,
+    _am_in_progress,
+    classify_patch,
+    files_with_markers,
+    stop_with_markers,
+    unmerged_paths,
+)
+from xpu_series.stack.operation import (
+    ORIG_HEAD_REF,
+    ORIG_UPSTREAM_REF,
+    Operation,
+    article,
+    copy_patches,
+    snapshot,
+    swap_in,
+)
+from xpu_series.stack.series import Patch, Series, load_series_for
+from xpu_series.stack.tree import (
     APPLIED_REF,
     PIN_BASE_REF,
     UPSTREAM_TAG,
@@ -54,7 +54,7 @@ from xpu_series.tree import (
     repair,
     write_record,
 )
-from xpu_series.wheel import fetch_wheel
+from xpu_series.stack.wheel import fetch_wheel
 
 FinishHook = Callable[["Runner"], None]
 # Hand resolutions a rebase recorded, replayed when the same patch text meets the

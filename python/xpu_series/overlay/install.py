@@ -35,10 +35,10 @@ from typing import Any
 
 from xpu_series import __version__
 from xpu_series.errors import IntegrityError, TreeError, UsageError
-from xpu_series.hunks import FileDiff, apply_diff, parse_patch, same_blob
-from xpu_series.pin import Pin, version_tuple
 from xpu_series.project import Project
-from xpu_series.series import Series
+from xpu_series.stack.hunks import FileDiff, apply_diff, parse_patch, same_blob
+from xpu_series.stack.pin import Pin, version_tuple
+from xpu_series.stack.series import Series
 
 JOURNAL = ".xpu-series-journal"
 # The series as it applies to each served release other than the pin (its patch

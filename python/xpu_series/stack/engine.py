@@ -10,10 +10,10 @@ from pathlib import Path
 
 from xpu_series.errors import Interrupted
 from xpu_series.git import Git
-from xpu_series.header import patch_paths
-from xpu_series.pin import version_tuple
 from xpu_series.result import PatchOutcome, PatchStatus
-from xpu_series.series import Patch
+from xpu_series.stack.header import patch_paths
+from xpu_series.stack.pin import version_tuple
+from xpu_series.stack.series import Patch
 
 ProgressHook = Callable[[Patch, int, int], None]
 _CONFLICT_FILE = re.compile(r"^CONFLICT \([^)]*\): Merge conflict in (\S+)", re.M)

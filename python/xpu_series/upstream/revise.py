@@ -10,10 +10,10 @@ from pathlib import Path
 
 from xpu_series.errors import UsageError, XpuSeriesError
 from xpu_series.git import run_command
-from xpu_series.operation import require_idle
 from xpu_series.project import Project
-from xpu_series.tree import read_record, write_record
-from xpu_series.upstream_export import Export, Target, Workspace, revisions, tree_git
+from xpu_series.stack.operation import require_idle
+from xpu_series.stack.tree import read_record, write_record
+from xpu_series.upstream.export import Export, Target, Workspace, revisions, tree_git
 
 # A pull request's address: http(s), a host with a dot, a path, no spaces.
 _URL = re.compile(r"^https?://[A-Za-z0-9.-]+\.[A-Za-z]{2,}(:[0-9]+)?/[^\s<>\"']+$")

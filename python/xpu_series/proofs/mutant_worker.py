@@ -2,7 +2,7 @@
 heavy imports happen once, then every mutant runs in a fork that re-imports only
 sglang and the test modules (about half a second) with the mutated file in place.
 
-    python -m xpu_series.mutant_worker SPEC.json RESULTS.jsonl
+    python -m xpu_series.proofs.mutant_worker SPEC.json RESULTS.jsonl
 
 SPEC: {"root", "python", "tests", "timeout", "mutants": [{"id", "path", "code"}]};
 "timeout" is the least a mutant gets (see main).
@@ -25,7 +25,7 @@ import time
 import types
 from pathlib import Path
 
-from xpu_series.prefix_worker import fresh_metrics
+from xpu_series.proofs.prefix_worker import fresh_metrics
 
 BASELINE_LIMIT_S = 600
 

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from xpu_series.audit_guards import OTHER_BACKENDS, describe, dotted, xpu_truth
+from xpu_series.audit.guards import OTHER_BACKENDS, describe, dotted, xpu_truth
 
 # Finding kinds (one rule each; the SARIF rule ids are these).
 TORCH_CUDA = "torch-cuda"  # torch.cuda.X referenced or called

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from xpu_series import mutant_worker
 from xpu_series.git import Git
-from xpu_series.mutants import PatchMutants, load_accepted, patch_mutants
 from xpu_series.project import Project
-from xpu_series.proof import Counts, count, load_outcomes, outcome_key
-from xpu_series.upstream_export import Export
-from xpu_series.upstream_lint import load_hooks
+from xpu_series.proofs import mutant_worker
+from xpu_series.proofs.mutants import PatchMutants, load_accepted, patch_mutants
+from xpu_series.proofs.proof import Counts, count, load_outcomes, outcome_key
+from xpu_series.upstream.export import Export
+from xpu_series.upstream.lint import load_hooks
 
 # verify's floor for a mutant's run: part of the key its outcomes are cached under
 # (commands/verify.py MUTANT_TIMEOUT_FLOOR_S; if the two drift, the table says

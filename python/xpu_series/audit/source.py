@@ -7,13 +7,18 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from xpu_series.engine import apply_patches
 from xpu_series.errors import NetworkError, TreeError, UsageError
 from xpu_series.git import Git, read_blobs
 from xpu_series.lock import tree_lock
 from xpu_series.project import Project
-from xpu_series.tree import UPSTREAM_TAG, ensure_base_cache, materialize_base, repair
-from xpu_series.wheel import fetch_wheel, index_releases
+from xpu_series.stack.engine import apply_patches
+from xpu_series.stack.tree import (
+    UPSTREAM_TAG,
+    ensure_base_cache,
+    materialize_base,
+    repair,
+)
+from xpu_series.stack.wheel import fetch_wheel, index_releases
 
 PREFIX = "python/sglang/"
 

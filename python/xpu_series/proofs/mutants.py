@@ -431,14 +431,14 @@ def run_worker(
         env = {
             **os.environ,
             "PYTHONPATH": os.pathsep.join(
-                [str(worktree / "python"), str(Path(__file__).parents[1])]
+                [str(worktree / "python"), str(Path(__file__).parents[2])]
             ),
             "PYTHONDONTWRITEBYTECODE": "1",
         }
         rows: list[dict[str, Any]] = []
         with (Path(tmp) / "worker.log").open("wb") as log:
             proc = subprocess.Popen(
-                [sys.executable, "-m", "xpu_series.mutant_worker", str(spec),
+                [sys.executable, "-m", "xpu_series.proofs.mutant_worker", str(spec),
                  str(results)],
                 cwd=project_root, env=env, stdout=log, stderr=subprocess.STDOUT,
             )  # fmt: skip

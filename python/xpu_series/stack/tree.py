@@ -12,8 +12,8 @@ from pathlib import Path
 
 from xpu_series.errors import TreeError
 from xpu_series.git import Git
-from xpu_series.pin import Pin
-from xpu_series.wheel import FetchedWheel, wheel_files
+from xpu_series.stack.pin import Pin
+from xpu_series.stack.wheel import FetchedWheel, wheel_files
 
 UPSTREAM_TAG = "upstream"
 BRANCH = "xpu"

@@ -1,0 +1,1 @@
+"""The audit: XPU bugs by kind in an sglang release, guarded, reached, triaged."""

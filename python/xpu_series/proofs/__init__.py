@@ -1,0 +1,1 @@
+"""Each patch proven: fails without, passes with, and its mutants killed."""

@@ -1,0 +1,1 @@
+"""The patch stack on its pin: wheel, trees, series, headers, engine, operations."""

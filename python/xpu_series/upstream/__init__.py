@@ -1,0 +1,1 @@
+"""The upstream kit: patches exported, proven and linted as upstream pull requests."""
