@@ -34,7 +34,7 @@ TOOL = ROOT / ".venv" / "bin" / "xpu-series"
 sys.path.insert(0, str(ROOT / "python"))
 
 from xpu_series.project import Project  # noqa: E402
-from xpu_series.proofs.bytecode import prime_folder  # noqa: E402
+from xpu_series.stack.bytecode import prime_folder  # noqa: E402
 
 
 class Failed(Exception):

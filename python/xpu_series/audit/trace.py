@@ -39,7 +39,7 @@ from types import ModuleType
 
 from xpu_series.errors import StandinError, UsageError
 from xpu_series.git import Git
-from xpu_series.proofs.bytecode import prime
+from xpu_series.stack.bytecode import prime
 
 # Bump when the hook or the workload changes what a run records: old records
 # then no longer match any tree's key.

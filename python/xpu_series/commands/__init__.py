@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,6 +14,8 @@ from typing import Any
 
 from xpu_series.project import Project, find_project
 from xpu_series.result import ExitCode
+from xpu_series.stack.engine import ProgressHook
+from xpu_series.stack.sequencer import EDIT_STOP, Outcome
 
 VERBS = (
     "fetch",
@@ -124,3 +127,52 @@ def problems_hint(out: Output, problems: list[str], verb: str) -> None:
             else "fix patches/ ('xpu-series check' lists every problem)"
         )
         out.err.append(f"hint: {nxt}")
+
+
+def render_stop(out: Output, outcome: Outcome, verb: str) -> None:
+    op = outcome.op
+    if op.current_detail.endswith(EDIT_STOP):
+        out.error(f"stopped after {op.current} so you can edit it (the plan asked)")
+        out.err.append(
+            f"hint: amend it with 'git -C {op.tree} commit --amend', then run "
+            f"'xpu-series {verb} --continue'; or drop it with 'xpu-series {verb} "
+            f"--skip --reason TEXT'; or undo everything with 'xpu-series {verb} "
+            "--abort'"
+        )
+        return
+    files = outcome.stopped_files
+    if files:
+        where = f" (conflict markers in {', '.join(files)})"
+        fix = f"fix the markers in {op.tree}"
+    else:
+        where = " (git could not merge it: no common base to merge from)"
+        patch = Path(outcome.op.tree).parent / "operation" / "patches.orig"
+        fix = f"make its change by hand in {op.tree} (the patch: {patch / op.current})"
+    out.error(
+        f"{op.current} does not apply on sglang {op.target.get('version')}"
+        f"{where}: {op.current_detail}"
+    )
+    steps = [
+        f"{fix}, 'git -C {op.tree} add' the files, then run "
+        f"'xpu-series {verb} --continue'"
+    ]
+    if verb == "rebase":
+        steps.append(
+            "or drop it with 'xpu-series rebase --skip --reason TEXT' "
+            "(add --upstreamed if upstream has it)"
+        )
+    steps.append(f"or undo everything with 'xpu-series {verb} --abort'")
+    out.err.append("hint: " + "; ".join(steps))
+
+
+def progress_hook(ctx: Context) -> ProgressHook:
+    """A line per patch as it is applied, on a terminal and in a CI log alike
+    (not with --json: a machine reads the result, not the way there)."""
+    start = time.monotonic()
+
+    def show(patch, index: int, total: int) -> None:
+        if not ctx.json:
+            elapsed = time.monotonic() - start
+            ctx.say(f"[{index + 1}/{total}] {patch.name} ({elapsed:.0f}s elapsed)")
+
+    return show

@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from xpu_series.commands import Context, Output
-from xpu_series.commands.apply import remember, reusable, scratch_key
-from xpu_series.commands.check import run_check
 from xpu_series.errors import UsageError
 from xpu_series.git import Git
 from xpu_series.lock import tree_lock
@@ -30,6 +28,7 @@ from xpu_series.project import Project
 from xpu_series.proofs.proof import Counts, PrefixRunner, Run, count
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, PatchStatus, Report
 from xpu_series.stack import engine
+from xpu_series.stack.build import remember, reusable, run_check, scratch_key
 from xpu_series.stack.pin import version_tuple
 from xpu_series.stack.sequencer import borrow_pin_objects
 from xpu_series.stack.series import Patch

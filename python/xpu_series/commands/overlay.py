@@ -19,7 +19,6 @@ import argparse
 from pathlib import Path
 
 from xpu_series.commands import Context, Output
-from xpu_series.commands.apply import ApplyOptions, allowed_prefixes, run_apply
 from xpu_series.errors import SeriesError, UsageError
 from xpu_series.git import Git
 from xpu_series.overlay.install import (
@@ -34,6 +33,7 @@ from xpu_series.overlay.install import (
 )
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
+from xpu_series.stack.build import ScratchRequest, allowed_prefixes, build_scratch
 from xpu_series.stack.tree import read_record
 
 HELP = "write the series into an installed sglang (undoable; checked first)"
@@ -50,7 +50,7 @@ def run_export(project: Project, release: str, check: bool) -> tuple[Path, bool]
         )
     describe(project, release)  # refuses a release the series does not serve
     tree = project.build_dir / "overlay-export" / release
-    report = run_apply(project, ApplyOptions(tree=tree, version=release, scratch=True))
+    report = build_scratch(project, ScratchRequest(tree=tree, version=release))
     bad = report.problems + [o.name for o in report.patches if not o.status.ok]
     if bad:
         raise SeriesError(

@@ -15,11 +15,11 @@ from pathlib import Path
 from typing import Any
 
 from xpu_series.commands import Context, Output
-from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.errors import UsageError, XpuSeriesError
 from xpu_series.git import Git
 from xpu_series.project import Project
 from xpu_series.result import ExitCode, Report
+from xpu_series.stack.build import ScratchRequest, build_scratch
 from xpu_series.stack.tree import UPSTREAM_TAG
 from xpu_series.ui import table
 
@@ -79,7 +79,7 @@ def _export_revision(project: Project, rev: str, dest: Path) -> None:
 
 def _materialize(project: Project, label: str) -> Git:
     tree = project.build_dir / "range-diff" / label
-    report = run_apply(project, ApplyOptions(tree=tree, scratch=True))
+    report = build_scratch(project, ScratchRequest(tree=tree))
     assert isinstance(report, Report)
     if not report.ok:
         bad = [f"{p.name}: {p.status}" for p in report.patches if not p.status.ok]

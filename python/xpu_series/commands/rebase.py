@@ -23,20 +23,23 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_series.commands import Context, Output, add_operation_flags
-from xpu_series.commands.apply import (
-    _keep_foreign_head,
-    _progress_hook,
-    allowed_prefixes,
+from xpu_series.commands import (
+    Context,
+    Output,
+    add_operation_flags,
+    progress_hook,
     render_stop,
-    save_local_edits,
 )
-from xpu_series.commands.refresh import export_commit
 from xpu_series.errors import SeriesError, UsageError, XpuSeriesError
 from xpu_series.git import Git
 from xpu_series.lock import tree_lock
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
+from xpu_series.stack.build import (
+    allowed_prefixes,
+    keep_foreign_head,
+    save_local_edits,
+)
 from xpu_series.stack.engine import ProgressHook
 from xpu_series.stack.header import parse_header
 from xpu_series.stack.operation import Operation, require_idle, snapshot, swap_in
@@ -51,6 +54,7 @@ from xpu_series.stack.sequencer import (
     resume,
 )
 from xpu_series.stack.series import load_series, static_problems
+from xpu_series.stack.tree import export_commit
 from xpu_series.stack.wheel import fetch_wheel
 from xpu_series.ui import render_report, table
 
@@ -604,7 +608,7 @@ def run_rebase(
         notes: list[str] = []
         if git.is_repo():
             notes += save_local_edits(git, force=False)
-            backup = _keep_foreign_head(git, series)
+            backup = keep_foreign_head(git, series)
             if backup:
                 notes.append(f"the tree's previous HEAD is kept on branch {backup}")
         target: dict[str, Any] = {
@@ -773,7 +777,7 @@ def execute(ctx: Context) -> Output:
         )
     if resuming and args.plan:
         raise UsageError("--plan goes with --onto: it is read when the rebase starts")
-    hook = _progress_hook(ctx)
+    hook = progress_hook(ctx)
     if args.abort:
         op, notes = abort_operation(project, "rebase")
         out.out.append(

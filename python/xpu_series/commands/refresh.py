@@ -14,16 +14,15 @@ from xpu_series.git import Git
 from xpu_series.project import Project
 from xpu_series.stack.operation import require_idle
 from xpu_series.stack.series import PatchName
-from xpu_series.stack.tree import APPLIED_REF, UPSTREAM_TAG, read_record, write_record
+from xpu_series.stack.tree import (
+    APPLIED_REF,
+    UPSTREAM_TAG,
+    export_commit,
+    read_record,
+    write_record,
+)
 
 HELP = "export the tree's commits into patches/, byte-stable"
-
-# Canonical export: no [PATCH] prefix, no real sha in the From line, no signature,
-# full blob ids so `git am -3` can fall back to a 3-way merge on the same base.
-_FORMAT = (
-    "format-patch", "-1", "--stdout", "-k", "--zero-commit", "--no-signature",
-    "--full-index", "--no-numbered", "--no-notes", "--stat=72",
-)  # fmt: skip
 
 
 @dataclass
@@ -59,10 +58,6 @@ def slugify(subject: str) -> str:
     text = re.sub(r"^\[[^\]]*\]\s*", "", subject).lower()
     slug = re.sub(r"[^a-z0-9]+", "-", text).strip("-")
     return slug[:52].rstrip("-") or "patch"
-
-
-def export_commit(git: Git, sha: str) -> str:
-    return git.run(*_FORMAT, sha).stdout
 
 
 def _new_name(taken: set[str], subject: str) -> PatchName:

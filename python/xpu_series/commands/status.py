@@ -12,6 +12,7 @@ from xpu_series.commands import Context, Output, add_tree
 from xpu_series.errors import GitError
 from xpu_series.git import Git
 from xpu_series.project import Project
+from xpu_series.stack.build import PTH_NAME
 from xpu_series.stack.tree import APPLIED_REF, UPSTREAM_TAG, read_record
 from xpu_series.ui import table
 
@@ -110,7 +111,6 @@ def _operation_patches(op: Any) -> list[dict[str, str]]:
 def _foreign_import(tree: Path) -> str:
     """The tree this interpreter's virtualenv imports sglang from (its
     xpu-series .pth), when it is another checkout's, or ''."""
-    from xpu_series.commands.apply import PTH_NAME
 
     pth = Path(sysconfig.get_paths()["purelib"]) / PTH_NAME
     try:

@@ -13,13 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from xpu_series.commands import Context, Output, problems_hint
-from xpu_series.commands.apply import ApplyOptions, run_apply
 from xpu_series.errors import UsageError, XpuSeriesError
 from xpu_series.git import Git
 from xpu_series.lock import tree_lock
 from xpu_series.project import Project
 from xpu_series.proofs import mutant_worker
-from xpu_series.proofs.bytecode import prime
 from xpu_series.proofs.mutants import (
     ACCEPTED,
     Mutant,
@@ -39,6 +37,8 @@ from xpu_series.proofs.proof import (
     store_json,
 )
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, Report
+from xpu_series.stack.build import ScratchRequest, build_scratch
+from xpu_series.stack.bytecode import prime
 from xpu_series.stack.tree import UPSTREAM_TAG
 from xpu_series.ui import render_report, table
 
@@ -181,7 +181,7 @@ def series_prefixes(project: Project, folder: str = "verify") -> SeriesPrefixes:
     mutant runs each have their own (and lock it), so they can run side by
     side."""
     root = project.build_dir / folder
-    report = run_apply(project, ApplyOptions(tree=root / "tree", scratch=True))
+    report = build_scratch(project, ScratchRequest(tree=root / "tree"))
     assert isinstance(report, Report)  # a scratch tree always gives a report
     git = Git(root / "tree")
     series = project.series()

@@ -22,7 +22,7 @@ from pathlib import Path
 
 from xpu_series.git import Git, run_command, stop_worker
 from xpu_series.project import Project
-from xpu_series.proofs.bytecode import prime
+from xpu_series.stack.bytecode import prime
 
 # Bumped when what a cached outcome means changes (the plugin, the counting).
 _CACHE_FORMAT = "2"

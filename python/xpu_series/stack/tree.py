@@ -213,3 +213,15 @@ def checkout_base(tree: Path) -> BaseInfo:
         git, {"version": version, "sha256": record.get("sha256", ""), "base": commit}
     )
     return BaseInfo(commit, version, record.get("sha256", ""), "checkout")
+
+
+# Canonical export: no [PATCH] prefix, no real sha in the From line, no signature,
+# full blob ids so `git am -3` can fall back to a 3-way merge on the same base.
+_FORMAT = (
+    "format-patch", "-1", "--stdout", "-k", "--zero-commit", "--no-signature",
+    "--full-index", "--no-numbered", "--no-notes", "--stat=72",
+)  # fmt: skip
+
+
+def export_commit(git: Git, sha: str) -> str:
+    return git.run(*_FORMAT, sha).stdout

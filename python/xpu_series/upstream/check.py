@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from xpu_series.project import Project
-from xpu_series.proofs.bytecode import prime
+from xpu_series.stack.bytecode import prime
 from xpu_series.upstream.export import Export, Workspace
 from xpu_series.upstream.lint import added_lines, lint_files, load_conventions
 from xpu_series.upstream.runner import SERVER, TestServer

@@ -10,7 +10,7 @@ checked-hash ones: Python compares the source's hash with the one the .pyc
 carries on every import, so a file changed since (a checkout, a mutant, a local
 edit) is compiled from its own text, whatever its mtime and size say.
 
-    python -m xpu_series.proofs.bytecode LIST   (the compile worker `prime` starts)
+    python -m xpu_series.stack.bytecode LIST   (the compile worker `prime` starts)
 """
 
 from __future__ import annotations
@@ -108,7 +108,7 @@ def _compile_all(jobs: list[tuple[str, str]], workers: int) -> None:
             listing.write_text(json.dumps(jobs[i::workers]))
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, "-m", "xpu_series.proofs.bytecode", str(listing)],
+                    [sys.executable, "-m", "xpu_series.stack.bytecode", str(listing)],
                     env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[2])},
                     stdout=subprocess.DEVNULL,
                     stderr=subprocess.DEVNULL,
