@@ -15,8 +15,8 @@ import signal
 import sys
 
 from xpu_series import cli
-from xpu_series.commands import rebase
-from xpu_series.overlay import install as overlay
+from xpu_series.overlay import write as overlay
+from xpu_series.rebase import steps as rebase
 from xpu_series.stack import engine, sequencer, tree
 
 

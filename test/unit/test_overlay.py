@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import Project, interrupt
 
-from xpu_series.overlay.install import JOURNAL, record_hash
+from xpu_series.overlay.installed import JOURNAL, record_hash
 from xpu_series.stack.hunks import blob_id, parse_patch
 
 

@@ -288,7 +288,7 @@ def test_drift_separates_what_changed_from_what_the_environment_violates(
         new, BASE_FILES, version="0.0.2",
         requires=("openai==2.8.0", "regex==2.0", "torch==2.14.1"),
     )  # fmt: skip
-    from xpu_series.commands.rebase import (
+    from xpu_series.rebase.plan import (
         dependency_drift,
         environment_violations,
         pinned_test_env,

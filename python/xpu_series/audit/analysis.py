@@ -25,8 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_series.audit import guards as audit_guards
-from xpu_series.audit import scan as audit_scan
+from xpu_series.audit import guards, scan
 from xpu_series.audit.effects import CUDA_ONLY_PACKAGES, Effect, effect_of
 from xpu_series.audit.reach import (
     blocked_modules,
@@ -123,8 +122,11 @@ class AuditReport:
 def analyzer_digest() -> str:
     """Changes whenever the scanner's rules do, so cached scans never go stale."""
     h = hashlib.sha256(FORMAT.encode())
-    for module in (audit_scan, audit_guards):
-        h.update(Path(module.__file__ or "").read_bytes())
+    # The rules live in scan.py and its scan_*.py parts: a part added later is
+    # hashed too, with nothing to list.
+    rules = sorted(Path(scan.__file__ or "").parent.glob("scan*.py"))
+    for path in (*rules, Path(guards.__file__ or "")):
+        h.update(path.read_bytes())
     h.update(" ".join(sorted(CUDA_ONLY_PACKAGES)).encode())
     return h.hexdigest()
 
@@ -228,11 +230,11 @@ def candidates(scans: dict[str, FileScan]) -> tuple[list[Candidate], int]:
     reached = reached_modules(scans)
     blocked = blocked_modules(scans)
     out = []
-    for path, scan in sorted(scans.items()):
-        device = device_module(scan.module)
-        why = blocked.get(scan.module, "")
-        own = bool(unimportable(scan))
-        for raw in scan.findings:
+    for path, file_scan in sorted(scans.items()):
+        device = device_module(file_scan.module)
+        why = blocked.get(file_scan.module, "")
+        own = bool(unimportable(file_scan))
+        for raw in file_scan.findings:
             if why and not (own and raw.kind == CUDA_PACKAGE):
                 # On XPU importing the module fails before this can run.
                 out.append(
@@ -244,7 +246,7 @@ def candidates(scans: dict[str, FileScan]) -> tuple[list[Candidate], int]:
                 raw = dataclasses.replace(
                     raw, guard=f"a module for {device} (its path says so)"
                 )
-            out.append(Candidate(path, raw, scan.module in reached, ""))
+            out.append(Candidate(path, raw, file_scan.module in reached, ""))
     return out, len(reached)
 
 

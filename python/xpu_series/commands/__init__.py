@@ -31,6 +31,7 @@ VERBS = (
     "overlay",
     "audit",
     "upstream",
+    "wheel",
 )
 
 

@@ -21,16 +21,10 @@ from pathlib import Path
 from xpu_series.commands import Context, Output
 from xpu_series.errors import SeriesError, UsageError
 from xpu_series.git import Git
-from xpu_series.overlay.install import (
-    OverlayReport,
-    describe,
-    export_text,
-    python_site,
-    read_status,
-    release_diff_path,
-    run_overlay,
-    run_undo,
-)
+from xpu_series.overlay.installed import OverlayReport, python_site, read_status
+from xpu_series.overlay.plan import describe, export_text, release_diff_path
+from xpu_series.overlay.undo import run_undo
+from xpu_series.overlay.write import run_overlay
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
 from xpu_series.stack.build import ScratchRequest, allowed_prefixes, build_scratch

@@ -1,5 +1,6 @@
-"""Export one carried patch as an upstream pull request: one commit in upstream's
-layout (code plus self-contained tests), numbered revisions under build/upstream/."""
+"""Export carried patches as an upstream pull request: one commit per patch in
+upstream's layout (code plus self-contained tests), numbered revisions under
+build/upstream/ (one patch, or a bundle of several as one feature)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,7 @@ import re
 import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from xpu_series.errors import TreeError, UsageError
 from xpu_series.git import Git
@@ -22,13 +23,18 @@ from xpu_series.stack.tree import UPSTREAM_TAG, read_record
 from xpu_series.upstream.lint import added_lines, format_files
 from xpu_series.upstream.tests import ExportedTest, ExportError, export_test
 
+if TYPE_CHECKING:
+    from xpu_series.upstream.bundle import Bundle
+
 # Why a Tests: class that is not in Fast-Tests stays out of upstream's unit/.
 SERVER_REASON = "starts real servers; upstream's test/registered/unit/ starts none"
 # Downstream bookkeeping that stays out of the exported commit message.
 _FIELD_LINE = re.compile(r"^(Upstream-Status|Origin|Concern|Tests|Fast-Tests|"
                          r"Forwarded|Applied-Upstream|Applies-From):")  # fmt: skip
-_FORMAT = ("format-patch", "-1", "-k", "--zero-commit", "--no-signature",
+_FORMAT = ("format-patch", "-k", "--zero-commit", "--no-signature",
            "--full-index", "--stat=72")  # fmt: skip
+# The exported patch files of a revision: 0001-<subject>.patch, one per commit.
+PATCH_GLOB = "[0-9][0-9][0-9][0-9]-*.patch"
 _REF = "refs/xpu-series/tree-head"
 
 
@@ -53,24 +59,59 @@ class Target:
 
 
 @dataclass
-class Export:
-    """One revision of a patch's export, as written under build/upstream/."""
+class Part:
+    """One carried patch of an export: its commit's code and tests."""
 
     target: Target
-    folder: Path  # build/upstream/<stem>/v<N>
-    revision: int
-    new: bool  # False: the content equals the previous revision's
-    patch_file: Path
-    base: str  # the commit the export applies to (pristine, plus dependencies)
-    depends: list[str] = field(default_factory=list)
     code: list[str] = field(default_factory=list)
+    # Test files this commit adds (a file two patches name ships once).
     tests: list[ExportedTest] = field(default_factory=list)
-    # Where the code change lands: `file: Class.function` (or `file: module`).
-    functions: list[str] = field(default_factory=list)
+    # Every exported test file of its Tests:, including one an earlier part added.
+    test_paths: list[str] = field(default_factory=list)
     # Tests: files that stay home (real-server tests), with why.
     left_out: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Export:
+    """One revision of an export, as written under build/upstream/: a single
+    patch, or a bundle of several (one commit each, one pull request)."""
+
+    parts: list[Part]
+    folder: Path  # build/upstream/<stem or bundle>/v<N>
+    revision: int
+    new: bool  # False: the content equals the previous revision's
+    patch_files: list[Path]
+    base: str  # the commit the export applies to (pristine, plus dependencies)
+    bundle: Bundle | None = None
+    depends: list[str] = field(default_factory=list)
+    # Where the code change lands: `file: Class.function` (or `file: module`).
+    functions: list[str] = field(default_factory=list)
     # Earlier carried patches that change the same files (not built on).
     neighbours: list[str] = field(default_factory=list)
+    # The branch in build/upstream/.work that holds the pull request's commits.
+    branch: str = ""
+
+    @property
+    def name(self) -> str:
+        """The bundle's name, or the patch's stem."""
+        return self.bundle.name if self.bundle else self.parts[0].target.stem
+
+    @property
+    def targets(self) -> list[Target]:
+        return [part.target for part in self.parts]
+
+    @property
+    def code(self) -> list[str]:
+        return sorted({path for part in self.parts for path in part.code})
+
+    @property
+    def tests(self) -> list[ExportedTest]:
+        return [test for part in self.parts for test in part.tests]
+
+    @property
+    def left_out(self) -> list[str]:
+        return list(dict.fromkeys(p for part in self.parts for p in part.left_out))
 
     @property
     def test_paths(self) -> list[str]:
@@ -80,20 +121,31 @@ class Export:
     def data_paths(self) -> list[str]:
         return [p for t in self.tests for p, _data in t.data]
 
+    @property
+    def patch_file(self) -> Path:
+        return self.patch_files[0]
+
     def meta(self) -> dict[str, Any]:
-        return {
-            "patch": self.target.patch.name,
+        data: dict[str, Any] = {}
+        if self.bundle is None:
+            data["patch"] = self.parts[0].target.patch.name
+        else:
+            data["bundle"] = self.bundle.name
+        return data | {
+            "patches": [t.patch.name for t in self.targets],
             "revision": self.revision,
             "base": self.base,
             "depends": self.depends,
             "code": self.code,
             "tests": self.test_paths,
+            "tests_of": {p.target.patch.name: p.test_paths for p in self.parts},
             "data": self.data_paths,
             "inlined": {t.path: [list(i) for i in t.inlined] for t in self.tests},
             "dropped": {t.path: t.dropped for t in self.tests},
             "functions": self.functions,
             "left_out": self.left_out,
             "neighbours": self.neighbours,
+            "branch": self.branch,
         }
 
     def to_json(self) -> dict[str, Any]:
@@ -101,6 +153,7 @@ class Export:
             **self.meta(),
             "folder": str(self.folder),
             "patch_file": str(self.patch_file),
+            "patch_files": [str(p) for p in self.patch_files],
             "new": self.new,
         }
 
@@ -269,17 +322,33 @@ def _apply(git: Git, sha: str) -> None:
     git.run("apply", "--index", "-", input_text=diff)
 
 
-def build_base(work: Workspace, target: Target, series: list[tuple[str, str]]) -> tuple[
-    str, list[str]
-]:  # fmt: skip
+def _applies_in_turn(work: Workspace, base: str, shas: list[str]) -> bool:
+    """Whether the commits apply one after another onto `base`; the work tree
+    is left at `base` either way."""
+    git = work.git
+    work.reset(base)
+    ok = True
+    for sha in shas:
+        if not _applies(git, sha):
+            ok = False
+            break
+        _apply(git, sha)
+    work.reset(base)
+    return ok
+
+
+def build_base(
+    work: Workspace, targets: list[Target], series: list[tuple[str, str]]
+) -> tuple[str, list[str]]:
     """The commit the export applies to: pristine upstream, plus the earlier
     patches whose files it touches when it does not apply on its own (a stacked
-    pull request). `series`: (name, commit) of the patches before the target."""
+    pull request). `series`: (name, commit) of the carried patches below the
+    export that are not part of it."""
     git = work.git
-    work.reset(UPSTREAM_TAG)
-    if _applies(git, target.commit):
+    shas = [t.commit for t in targets]
+    if _applies_in_turn(work, UPSTREAM_TAG, shas):
         return git.out("rev-parse", "HEAD"), []
-    files = _files_of(git, target.commit)
+    files = set().union(*(_files_of(git, sha) for sha in shas))
     needed: list[tuple[str, str]] = []
     for name, sha in reversed(series):
         if _files_of(git, sha) & files:
@@ -292,11 +361,14 @@ def build_base(work: Workspace, target: Target, series: list[tuple[str, str]]) -
         subject = git.out("log", "-1", "--format=%s", sha)
         work.commit(f"{subject}\n\n(the pull request this one builds on)\n", _author(
             git, sha))  # fmt: skip
-    if needed and _applies(git, target.commit):
-        return git.out("rev-parse", "HEAD"), [n for n, _s in needed]
+    base = git.out("rev-parse", "HEAD")
+    if needed and _applies_in_turn(work, base, shas):
+        return base, [n for n, _s in needed]
+    names = ", ".join(t.patch.name for t in targets)
+    verb = "does" if len(targets) == 1 else "do"
+    with_what = "even with " + ", ".join(n for n, _s in needed) if needed else "alone"
     raise ExportConflict(
-        f"{target.patch.name} does not apply to pristine upstream "
-        f"{'even with ' + ', '.join(n for n, _s in needed) if needed else 'alone'}",
+        f"{names} {verb} not apply to pristine upstream {with_what}",
         hint="rebase the commit in the tree so it stands on upstream (or on the "
         "patches it names), then refresh and export again",
     )
@@ -340,43 +412,47 @@ def revisions(folder: Path) -> list[int]:
 
 def export_patch(project: Project, tree: Path, word: str) -> Export:
     """Write (or find unchanged) the export of the patch `word` names."""
-    target = find_target(project, tree, word)
+    return export_targets(project, tree, [find_target(project, tree, word)])
+
+
+def export_bundle(project: Project, tree: Path, bundle: Bundle) -> Export:
+    """Write (or find unchanged) the export of a bundle: its patches' commits in
+    series order on one branch, as one pull request."""
+    targets = [find_target(project, tree, name) for name in bundle.patches]
+    return export_targets(project, tree, targets, bundle)
+
+
+def export_targets(
+    project: Project, tree: Path, targets: list[Target], bundle: Bundle | None = None
+) -> Export:
+    """One commit per target onto the base, then the revision under
+    build/upstream/<name>/."""
     work = Workspace(project, tree)
     work.sync()
     source = Git(tree)
     carried = project.series().patches
+    ours = {t.patch.name for t in targets}
     before = []
     commits = source.out("rev-list", "--reverse", f"{UPSTREAM_TAG}..HEAD").split()
-    for patch in carried[: target.index - 1]:
-        sha = _commit_of(source, patch, commits)
+    for patch in carried[: max(t.index for t in targets) - 1]:
+        sha = _commit_of(source, patch, commits) if patch.name not in ours else ""
         if sha:
             before.append((patch.name, sha))
-    base, depends = build_base(work, target, before)
+    base, depends = build_base(work, targets, before)
     git = work.git
-    _apply(git, target.commit)
-    code = sorted(_files_of(git, target.commit))
-    tests, left_out = make_tests(project, target.header)
-    written = []
-    for test in tests:
-        for rel, data in [(test.path, test.text.encode()), *test.data]:
-            dest = work.root / rel
-            dest.parent.mkdir(parents=True, exist_ok=True)
-            dest.write_bytes(data)
-            written.append(rel)
-    format_files(work.root, written, project.cache_dir)
-    for test in tests:
-        test.text = (work.root / test.path).read_text(encoding="utf-8")
-    git.run("add", "--", *written)
-    work.commit(commit_message(target.header), _author(source, target.commit))
-    folder = project.build_dir / "upstream" / target.stem
+    parts: list[Part] = []
+    for target in targets:
+        parts.append(_commit_part(project, work, source, target, parts))
+    name = bundle.name if bundle else targets[0].stem
+    folder = project.build_dir / "upstream" / name
     staging = folder / ".new"
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir(parents=True)
-    name = git.out(*_FORMAT, "-o", str(staging), "HEAD")
-    made = Path(name) if Path(name).is_absolute() else work.root / name
+    listed = git.out(*_FORMAT, "-o", str(staging), f"{base}..HEAD").splitlines()
+    made = [Path(n) if Path(n).is_absolute() else work.root / n for n in listed]
     have = revisions(folder)
     previous = folder / f"v{have[-1]}" if have else None
-    same = previous is not None and _same_patch(previous, made)
+    same = previous is not None and _same_patches(previous, made)
     if same:
         assert previous is not None
         shutil.rmtree(staging)
@@ -385,19 +461,53 @@ def export_patch(project: Project, tree: Path, word: str) -> Export:
         revision = (have[-1] if have else 0) + 1
         out = folder / f"v{revision}"
         os.replace(staging, out)
-    patch_file = out / made.name
+    code = sorted({p for part in parts for p in part.code})
     neighbours = [
         name
         for name, sha in before
         if name not in depends and _files_of(git, sha) & set(code)
     ]
-    export = Export(target, out, revision, not same, patch_file, base, depends, code,
-                    tests, changed_functions(git, base, code), left_out,
-                    neighbours)  # fmt: skip
+    # The pull request's branch, for pushing from the work clone.
+    branch = f"pr/{name}"
+    git.run("branch", "-f", branch, "HEAD")
+    export = Export(parts, out, revision, not same,
+                    [out / m.name for m in made], base, bundle, depends,
+                    changed_functions(git, base, code), neighbours,
+                    branch)  # fmt: skip
     (out / "export.json").write_text(
         json.dumps(export.meta(), indent=2, sort_keys=True) + "\n"
     )
     return export
+
+
+def _commit_part(
+    project: Project, work: Workspace, source: Git, target: Target,
+    parts_done: list[Part],
+) -> Part:  # fmt: skip
+    """Apply the target's code and add its tests, formatted, as one commit."""
+    git = work.git
+    _apply(git, target.commit)
+    part = Part(target, sorted(_files_of(git, target.commit)))
+    tests, part.left_out = make_tests(project, target.header)
+    shipped = {path for done in parts_done for path in done.test_paths}
+    written = []
+    for test in tests:
+        part.test_paths.append(test.path)
+        if test.path in shipped:
+            continue  # an earlier commit of the bundle added the same file
+        part.tests.append(test)
+        for rel, data in [(test.path, test.text.encode()), *test.data]:
+            dest = work.root / rel
+            dest.parent.mkdir(parents=True, exist_ok=True)
+            dest.write_bytes(data)
+            written.append(rel)
+    format_files(work.root, written, project.cache_dir)
+    for test in part.tests:
+        test.text = (work.root / test.path).read_text(encoding="utf-8")
+    if written:
+        git.run("add", "--", *written)
+    work.commit(commit_message(target.header), _author(source, target.commit))
+    return part
 
 
 def changed_functions(git: Git, base: str, paths: list[str]) -> list[str]:
@@ -432,12 +542,10 @@ def _function_spans(node: ast.AST, prefix: str) -> list[tuple[int, int, str]]:
     return spans
 
 
-def _same_patch(previous: Path, made: Path) -> bool:
-    old = sorted(previous.glob("0001-*.patch"))
-    return (
-        len(old) == 1
-        and old[0].name == made.name
-        and (old[0].read_bytes() == made.read_bytes())
+def _same_patches(previous: Path, made: list[Path]) -> bool:
+    old = sorted(previous.glob(PATCH_GLOB))
+    return [p.name for p in old] == [p.name for p in made] and all(
+        a.read_bytes() == b.read_bytes() for a, b in zip(old, made, strict=True)
     )
 
 

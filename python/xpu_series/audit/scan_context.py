@@ -1,0 +1,255 @@
+"""The audit scanner's one walk: the scope it is in, and what keeps XPU out."""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+from collections.abc import Iterator
+from typing import Any
+
+from xpu_series.audit.guards import describe, dotted, xpu_truth
+from xpu_series.audit.scan_records import ImportEdge, RawFinding
+
+_EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+_IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def module_truths(tree: ast.Module) -> dict[str, bool | None]:
+    """Module-level names bound to a value known on XPU (`_is_cuda = is_cuda()`)."""
+    env: dict[str, bool | None] = {}
+
+    def walk(body: list[ast.stmt]) -> None:
+        for stmt in body:
+            if isinstance(stmt, ast.Assign) and len(stmt.targets) == 1:
+                target = stmt.targets[0]
+                if isinstance(target, ast.Name):
+                    value = xpu_truth(stmt.value, env)
+                    if target.id in env and env[target.id] != value:
+                        value = None  # bound twice, differently: not known
+                    env[target.id] = value
+            elif isinstance(stmt, (ast.If, ast.Try)):
+                for part in ("body", "orelse", "finalbody"):
+                    walk(getattr(stmt, part, []))
+
+    walk(tree.body)
+    return env
+
+
+def _local_names(func: ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda) -> set[str]:
+    """Names a function binds itself (its parameters, assignments, imports)."""
+    args = func.args
+    every = [*args.posonlyargs, *args.args, *args.kwonlyargs, args.vararg, args.kwarg]
+    names = {a.arg for a in every if a is not None}
+    body = func.body if isinstance(func.body, list) else [func.body]
+    stack: list[ast.AST] = list(body)
+    while stack:
+        node = stack.pop()
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+            continue  # a nested scope binds its own names
+        if isinstance(node, ast.Lambda):
+            continue
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+            names.add(node.id)
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names.update(a.asname or a.name.split(".")[0] for a in node.names)
+        stack.extend(ast.iter_child_nodes(node))
+    return names
+
+
+class ScanContext(ast.NodeVisitor):
+    """The walk every rule shares: guards, scopes and what the rules found."""
+
+    def __init__(self, module: str, package: str, cuda_packages: frozenset[str]):
+        self.module = module
+        self.package = package
+        self.cuda_packages = cuda_packages
+        self.env: dict[str, bool | None] = {}
+        self.cuda_names: set[str] = set()
+        self.guards: list[str] = []
+        self.scope: list[str] = []
+        # Per enclosing function: its node, or the names it binds once asked.
+        self.locals: list[Any] = []
+        self.try_import = 0  # enclosing `try: ... except ImportError`
+        self.conditional = 0  # enclosing if, loop, with or match
+        self.blocks = ""
+        self.functions = 0
+        self.torch_aliases = {"torch"}
+        self.cuda_aliases: dict[str, str] = {}  # `from torch import cuda` and kin
+        self.findings: list[RawFinding] = []
+        self.imports: list[ImportEdge] = []
+        # (private name, the function using it, guarded there) and each
+        # function's qualified name by its own name.
+        self.refs: list[tuple[str, str, bool]] = []
+        self.defined: dict[str, list[str]] = {}
+
+    # --- bookkeeping -------------------------------------------------------
+    def add(self, node: ast.AST, api: str, kind: str) -> None:
+        self.findings.append(
+            RawFinding(
+                line=getattr(node, "lineno", 0),
+                function=".".join(self.scope) or "<module>",
+                api=api,
+                kind=kind,
+                guard=self.guards[-1] if self.guards else "",
+            )
+        )
+
+    def under(self, reason: str, nodes: list[ast.AST] | ast.AST) -> None:
+        self.guards.append(reason)
+        try:
+            if isinstance(nodes, list):
+                self.block(nodes)
+            else:
+                self.visit(nodes)
+        finally:
+            self.guards.pop()
+
+    def block(self, stmts: list[Any]) -> None:
+        pushed = 0
+        for stmt in stmts:
+            self.visit(stmt)
+            if (
+                isinstance(stmt, ast.If)
+                and not stmt.orelse
+                and stmt.body
+                and isinstance(stmt.body[-1], _EXITS)
+                and xpu_truth(stmt.test, self.env) is True
+            ):
+                # `if not _is_cuda: return` leaves XPU out of what follows.
+                self.guards.append(
+                    f"after `if {describe(stmt.test)}:` (line {stmt.lineno}) "
+                    "exits on XPU"
+                )
+                pushed += 1
+        if pushed:
+            del self.guards[-pushed:]
+
+    def generic_visit(self, node: ast.AST) -> None:
+        for _name, value in ast.iter_fields(node):
+            if isinstance(value, list):
+                if value and isinstance(value[0], ast.stmt):
+                    self.block(value)
+                else:
+                    for item in value:
+                        if isinstance(item, ast.AST):
+                            self.visit(item)
+            elif isinstance(value, ast.AST):
+                self.visit(value)
+
+    # --- scopes ------------------------------------------------------------
+    def _shadowed(self, name: str) -> bool:
+        for index, scope in enumerate(self.locals):
+            if not isinstance(scope, set):
+                # Computed on first need: most functions never ask.
+                scope = self.locals[index] = _local_names(scope)
+            if name in scope:
+                return True
+        return False
+
+    def _refer(self, name: str) -> None:
+        """A use of a private function or method: who uses it, and guarded?"""
+        self.refs.append((name, ".".join(self.scope), bool(self.guards)))
+
+    # --- guards ------------------------------------------------------------
+    @contextlib.contextmanager
+    def _conditionally(self) -> Iterator[None]:
+        """Inside a compound statement that may skip or catch what it holds."""
+        self.conditional += 1
+        try:
+            yield
+        finally:
+            self.conditional -= 1
+
+    def visit_If(self, node: ast.If) -> None:
+        with self._conditionally():
+            self._visit_if(node)
+
+    def visit_For(self, node: ast.For) -> None:
+        with self._conditionally():
+            self.generic_visit(node)
+
+    visit_AsyncFor = visit_For
+    visit_With = visit_For
+    visit_AsyncWith = visit_For
+    visit_Match = visit_For
+
+    def _visit_if(self, node: ast.If) -> None:
+        self.visit(node.test)
+        truth = xpu_truth(node.test, self.env)
+        cond = describe(node.test)
+        if truth is False:
+            self.under(f"`if {cond}` (line {node.lineno}) is False on XPU", node.body)
+        else:
+            self.block(node.body)
+        if truth is True:
+            self.under(
+                f"else of `if {cond}` (line {node.lineno}), True on XPU", node.orelse
+            )
+        else:
+            self.block(node.orelse)
+
+    def visit_While(self, node: ast.While) -> None:
+        with self._conditionally():
+            self._visit_while(node)
+
+    def _visit_while(self, node: ast.While) -> None:
+        self.visit(node.test)
+        if xpu_truth(node.test, self.env) is False:
+            self.under(f"`while {describe(node.test)}` is False on XPU", node.body)
+        else:
+            self.block(node.body)
+        self.block(node.orelse)
+
+    def visit_IfExp(self, node: ast.IfExp) -> None:
+        self.visit(node.test)
+        truth = xpu_truth(node.test, self.env)
+        cond = describe(node.test)
+        if truth is False:
+            self.under(f"`... if {cond}` is False on XPU", node.body)
+        else:
+            self.visit(node.body)
+        if truth is True:
+            self.under(f"`... else` of `{cond}`, True on XPU", node.orelse)
+        else:
+            self.visit(node.orelse)
+
+    def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        if isinstance(node.op, ast.Or):
+            admits = [v for v in node.values if xpu_truth(v, self.env) is True]
+            if admits:
+                # `x.is_cuda or x.is_xpu`: the test lets XPU through itself.
+                self.under(f"`... or {describe(admits[0])}` admits XPU", node.values)
+                return
+        pushed = 0
+        for value in node.values:
+            self.visit(value)
+            truth = xpu_truth(value, self.env)
+            stops = truth is False if isinstance(node.op, ast.And) else truth is True
+            if stops:
+                # `_is_cuda and torch.cuda.x()`: XPU never evaluates the rest.
+                self.guards.append(f"`{describe(value)}` short-circuits on XPU")
+                pushed += 1
+        if pushed:
+            del self.guards[-pushed:]
+
+    def visit_Try(self, node: ast.Try) -> None:
+        catches = any(
+            h.type is None
+            or any(
+                dotted(t) in _IMPORT_ERRORS
+                for t in (h.type.elts if isinstance(h.type, ast.Tuple) else [h.type])
+            )
+            for h in node.handlers
+        )
+        self.try_import += catches
+        try:
+            self.block(node.body)
+        finally:
+            self.try_import -= catches
+        for handler in node.handlers:
+            self.visit(handler)
+        self.block(node.orelse)
+        self.block(node.finalbody)
+
+    visit_TryStar = visit_Try
