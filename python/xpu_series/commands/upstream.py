@@ -1,7 +1,8 @@
 """upstream: make a carried patch into a ready SGLang pull request under
-build/upstream/<patch>/v<N>/ (one commit with its tests, and pr.md); --check proves
+build/upstream/<patch>/v<N>/ (one commit with its tests, and pr.md), or several as
+one feature pull request with --bundle NAME (patches/bundles.toml); --check proves
 it the way upstream's CI would, --compare-to N shows what changed since vN,
---forwarded URL records the pull request in the patch header."""
+--forwarded URL records the pull request in the patch headers."""
 
 from __future__ import annotations
 
@@ -14,13 +15,18 @@ from xpu_series.errors import UsageError
 from xpu_series.lock import tree_lock
 from xpu_series.project import Project
 from xpu_series.result import ExitCode
+from xpu_series.upstream.bundle import Bundle, check_name, find_bundle, load_bundles
 from xpu_series.upstream.check import CheckResult, run_check
-from xpu_series.upstream.export import Export, export_patch, find_target
+from xpu_series.upstream.export import Export, export_bundle, export_patch, find_target
 from xpu_series.upstream.pr import gather, render
+from xpu_series.upstream.related import load_upstream_work
 from xpu_series.upstream.revise import check_url, range_diff, record_forwarded
 from xpu_series.upstream.runner import TestServer
 
-HELP = "export a carried patch as an upstream pull request (--check proves it)"
+HELP = (
+    "export a carried patch, or a bundle of them, as an upstream pull request "
+    "(--check proves it)"
+)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -29,12 +35,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         metavar="PATCH",
         nargs="*",
         help="name, stem or number of a patch; several are exported one after "
-        "another, and with --check share one test interpreter",
+        "another, and with --check share one test interpreter; with --bundle, "
+        "the bundle's patches",
     )
     p.add_argument(
         "--all",
         action="store_true",
-        help="every patch of the series, bottom first",
+        help="every patch of the series, bottom first, then every bundle "
+        "patches/bundles.toml declares",
+    )
+    p.add_argument(
+        "--bundle",
+        metavar="NAME",
+        help="export the patches as one feature pull request under "
+        "build/upstream/NAME/ (one commit each); without PATCH, the ones "
+        "patches/bundles.toml declares for NAME",
     )
     p.add_argument(
         "--check",
@@ -52,7 +67,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--forwarded",
         metavar="URL",
         help="record the pull request in the patch header (Forwarded: URL), "
-        "through the tree and refresh",
+        "through the tree and refresh; with --bundle, in each of its patches",
     )
     add_tree(p)
 
@@ -62,36 +77,52 @@ def execute(ctx: Context) -> Output:
     _check_usage(args)
     project = ctx.project()
     tree = ctx.tree(project)
-    if args.all:
-        words = [patch.name for patch in project.series().patches]
+    # What to export, in order: a patch by name, or a bundle.
+    jobs: list[str | Bundle]
+    if args.bundle is not None:
+        jobs = [find_bundle(project, args.bundle, list(args.patch))]
+    elif args.all:
+        jobs = [patch.name for patch in project.series().patches]
+        jobs += load_bundles(project)
     else:
-        words = list(dict.fromkeys(args.patch))
+        jobs = list(dict.fromkeys(args.patch))
+    # Checked before anything is written: pr.md quotes it.
+    load_upstream_work(project)
     work = project.build_dir / "upstream" / ".work"
     with tree_lock(work, "upstream"):
         if args.forwarded is not None:
-            return _forward(ctx, words[0], args.forwarded)
+            return _forward(ctx, jobs[0], args.forwarded)
         outputs = []
         with TestServer(project.root, work) as server:
-            for number, word in enumerate(words, start=1):
-                if len(words) > 1 and not ctx.json:
-                    ctx.say(f"[{number}/{len(words)}] {word} ...")
-                outputs.append(_one(ctx, project, tree, word, server))
+            for number, job in enumerate(jobs, start=1):
+                what = job if isinstance(job, str) else f"bundle {job.name}"
+                if len(jobs) > 1 and not ctx.json:
+                    ctx.say(f"[{number}/{len(jobs)}] {what} ...")
+                outputs.append(_one(ctx, project, tree, job, server))
     return outputs[0] if len(outputs) == 1 else _merge(outputs)
 
 
 def _check_usage(args: argparse.Namespace) -> None:
-    if args.all and args.patch:
+    if args.bundle is not None:
+        check_name(args.bundle)
+        if args.all:
+            raise UsageError(
+                "give --bundle NAME or --all, not both",
+                hint="'xpu-series upstream --all --check' checks every patch and "
+                "every declared bundle",
+            )
+    elif args.all and args.patch:
         raise UsageError(
             "name patches or give --all, not both",
             hint="'xpu-series upstream --all --check' checks every patch",
         )
-    if not args.all and not args.patch:
+    elif not args.all and not args.patch:
         raise UsageError(
             "no patch named",
             hint="name one ('xpu-series status' lists them), or export every "
             "one: 'xpu-series upstream --all'",
         )
-    several = args.all or len(set(args.patch)) > 1
+    several = args.bundle is None and (args.all or len(set(args.patch)) > 1)
     if several and (args.forwarded is not None or args.compare_to is not None):
         option = "--forwarded URL" if args.forwarded is not None else "--compare-to N"
         raise UsageError(
@@ -108,12 +139,15 @@ def _check_usage(args: argparse.Namespace) -> None:
 
 
 def _one(
-    ctx: Context, project: Project, tree: Path, word: str, server: TestServer
+    ctx: Context, project: Project, tree: Path, job: str | Bundle, server: TestServer
 ) -> Output:
     args = ctx.args
     if ctx.progress:
-        ctx.say(f"exporting {word} ...")
-    export = export_patch(project, tree, word)
+        ctx.say(f"exporting {job if isinstance(job, str) else job.name} ...")
+    if isinstance(job, str):
+        export = export_patch(project, tree, job)
+    else:
+        export = export_bundle(project, tree, job)
     check = None
     if args.check:
         if ctx.progress:
@@ -133,8 +167,12 @@ def _one(
 
 
 def _merge(outputs: list[Output]) -> Output:
-    """One patch's output after another; it fails if any one fails."""
-    merged = Output(data={"patches": [o.data for o in outputs]})
+    """One export's output after another; it fails if any one fails."""
+    data = [o.data or {} for o in outputs]
+    merged = Output(data={"patches": [d for d in data if "bundle" not in d]})
+    bundles = [d for d in data if "bundle" in d]
+    if bundles:
+        merged.data["bundles"] = bundles
     for output in outputs:
         merged.out += output.out
         merged.err += output.err
@@ -144,20 +182,29 @@ def _merge(outputs: list[Output]) -> Output:
     return merged
 
 
-def _forward(ctx: Context, word: str, url: str) -> Output:
+def _forward(ctx: Context, job: str | Bundle, url: str) -> Output:
+    """Forwarded: URL in the patch's header, or in each of a bundle's patches
+    (one pull request carries them all)."""
     project = ctx.project()
     tree = ctx.tree(project)
-    target = find_target(project, tree, word)
-    changed = record_forwarded(project, tree, target, url)
-    out = Output(data={"patch": target.patch.name, "forwarded": url,
-                       "changed": changed})  # fmt: skip
-    if changed:
-        out.out.append(
-            f"{target.patch.name}: Forwarded: {url} (in the tree's commit; "
-            "patches/ refreshed)"
-        )
-    else:
-        out.out.append(f"{target.patch.name}: already Forwarded: {url}")
+    words = [job] if isinstance(job, str) else list(job.patches)
+    out = Output(data={"forwarded": url, "patches": [], "changed": False})
+    assert out.data is not None
+    for word in words:
+        # Found again each time: recording rewrites the commits above.
+        target = find_target(project, tree, word)
+        changed = record_forwarded(project, tree, target, url)
+        out.data["patches"].append(target.patch.name)
+        out.data["changed"] |= changed
+        if changed:
+            out.out.append(
+                f"{target.patch.name}: Forwarded: {url} (in the tree's commit; "
+                "patches/ refreshed)"
+            )
+        else:
+            out.out.append(f"{target.patch.name}: already Forwarded: {url}")
+    if isinstance(job, str):
+        out.data["patch"] = out.data["patches"][0]
     return out
 
 
@@ -171,10 +218,21 @@ def _render(
     data = export.to_json()
     data["pr"] = str(export.folder / "pr.md")
     out = Output(data=data)
-    stem = export.target.stem
+    stem = export.name
     state = "new revision" if export.new else "unchanged since the last export, kept"
     out.out.append(f"{stem}: v{export.revision} ({state}): {export.folder}")
-    out.out.append(f"  patch: {export.patch_file.name}")
+    if export.bundle is not None:
+        out.out.append(f"  bundle of {', '.join(t.stem for t in export.targets)}")
+        if not export.bundle.declared:
+            out.out.append(
+                "  not as patches/bundles.toml declares it: declare it there so "
+                "'upstream --all --check' checks it"
+            )
+    for patch_file in export.patch_files:
+        out.out.append(f"  patch: {patch_file.name}")
+    out.out.append(
+        f"  branch: {export.branch} (in {export.folder.parents[1] / '.work'})"
+    )
     out.out.append(
         f"  pr.md: {export.folder / 'pr.md'}"
         + (" (updated)" if pr_changed and not export.new else "")
@@ -208,7 +266,13 @@ def _render(
                 f"{stem} v{export.revision} fails upstream's checks: "
                 + ", ".join(failed),
                 "fix the commit in the tree (or its tests), refresh, and run "
-                f"'xpu-series upstream {stem[:4]} --check' again",
+                f"'{_again(export)}' again",
             )
             out.code = ExitCode.FAILED
     return out
+
+
+def _again(export: Export) -> str:
+    if export.bundle is not None:
+        return f"xpu-series upstream --bundle {export.name} --check"
+    return f"xpu-series upstream {export.name[:4]} --check"

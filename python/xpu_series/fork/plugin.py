@@ -116,13 +116,15 @@ def _first_difference(root: Path, files: dict[str, Any]) -> str:
 
 
 def _emit(level: int, message: str) -> None:
-    """Log through sglang's handlers when they are set up; otherwise to stderr.
+    """Log through the handlers logging has when they would show the line;
+    otherwise straight to stderr in sglang's format.
 
     sglang loads plugins before it configures logging in every process (the
-    launcher, scheduler, detokenizer, DP controller), where an INFO record would
-    reach no handler at all.
+    launcher, scheduler, detokenizer, DP controller): at that point the root
+    logger has no handler, or one an import left at WARNING, and an INFO record
+    would be dropped. The line is the point of the plugin, so it is written.
     """
-    if logger.hasHandlers():
+    if logger.isEnabledFor(level) and logger.hasHandlers():
         logger.log(level, message)
         return
     handler = logging.StreamHandler(sys.stderr)

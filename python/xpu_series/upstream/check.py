@@ -182,7 +182,7 @@ def run_check(
     git = work.git
     # 1. git am onto the pristine tree (plus what the export builds on).
     work.reset(export.base)
-    am = git.run("am", "-q", "-k", str(export.patch_file), check=False)
+    am = git.run("am", "-q", "-k", *map(str, export.patch_files), check=False)
     if not am.ok:
         git.run("am", "--abort", check=False)
         result.steps.append(
@@ -211,13 +211,25 @@ def run_check(
     result.without = without.get("outcomes", {})
     tally = _tally(result.without)
     failing = tally["failed"] + tally["error"]
+    # A bundle proves each patch: every one's tests must fail without it.
+    idle = [
+        part.target.stem
+        for part in export.parts
+        if len(export.parts) > 1 and not _fails(_of(result.without, part.test_paths))
+    ]
     result.steps.append(
         StepResult(
             "fail-without",
-            failing > 0,
+            failing > 0 and not idle,
             f"{base} + tests: {describe(result.without)}"
-            + ("" if failing else ": the tests prove nothing upstream"),
-            "" if failing else without.get("log", ""),
+            + _per_part(export, result.without)
+            + ("" if failing else ": the tests prove nothing upstream")
+            + (
+                f": the tests of {', '.join(idle)} prove nothing upstream"
+                if idle and failing
+                else ""
+            ),
+            "" if failing and not idle else without.get("log", ""),
         )
     )
     # 3. the tests on pristine + the whole export: all pass.
@@ -235,6 +247,7 @@ def run_check(
             "pass-with",
             passing and isolated and not bad,
             f"{base} + export: {describe(result.with_export)}"
+            + _per_part(export, result.with_export)
             + (f"; project folders on sys.path: {leaks}" if leaks else "")
             + ("" if not imported or isolated else f"; sglang came from {imported}")
             + (f"; {'; '.join(bad)}" if bad else ""),
@@ -264,6 +277,26 @@ def run_check(
     )
     result.seconds = time.monotonic() - began
     return result
+
+
+def _of(outcomes: dict[str, str], paths: list[str]) -> dict[str, str]:
+    """The outcomes of the tests in `paths` (node ids start with the file)."""
+    return {k: v for k, v in outcomes.items() if k.split("::")[0] in paths}
+
+
+def _fails(outcomes: dict[str, str]) -> bool:
+    return any(v in ("failed", "error") for v in outcomes.values())
+
+
+def _per_part(export: Export, outcomes: dict[str, str]) -> str:
+    """`` (0015: 0 passed, 2 failed; ...)`` for a bundle; nothing for one patch."""
+    if len(export.parts) < 2:
+        return ""
+    each = [
+        f"{part.target.stem[:4]}: {describe(_of(outcomes, part.test_paths))}"
+        for part in export.parts
+    ]
+    return f" ({'; '.join(each)})"
 
 
 def _neighbours(export: Export) -> str:

@@ -463,9 +463,9 @@ def export_targets(
         os.replace(staging, out)
     code = sorted({p for part in parts for p in part.code})
     neighbours = [
-        name
-        for name, sha in before
-        if name not in depends and _files_of(git, sha) & set(code)
+        below
+        for below, sha in before
+        if below not in depends and _files_of(git, sha) & set(code)
     ]
     # The pull request's branch, for pushing from the work clone.
     branch = f"pr/{name}"
@@ -501,11 +501,11 @@ def _commit_part(
             dest.parent.mkdir(parents=True, exist_ok=True)
             dest.write_bytes(data)
             written.append(rel)
-    format_files(work.root, written, project.cache_dir)
+    if written:
+        format_files(work.root, written, project.cache_dir)
+        git.run("add", "--", *written)
     for test in part.tests:
         test.text = (work.root / test.path).read_text(encoding="utf-8")
-    if written:
-        git.run("add", "--", *written)
     work.commit(commit_message(target.header), _author(source, target.commit))
     return part
 

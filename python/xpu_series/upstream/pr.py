@@ -1,12 +1,13 @@
 """The pull request body of an export (`pr.md`): upstream's template, filled from the
-patch header and the results the tool has measured and cached."""
+patch headers, patches/upstream-work.toml and the results the tool has measured and
+cached."""
 
 from __future__ import annotations
 
 import hashlib
 import json
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +16,10 @@ from xpu_series.project import Project
 from xpu_series.proofs import mutant_worker
 from xpu_series.proofs.mutants import PatchMutants, load_accepted, patch_mutants
 from xpu_series.proofs.proof import Counts, count, load_outcomes, outcome_key
-from xpu_series.upstream.export import Export
+from xpu_series.stack.header import PatchHeader
+from xpu_series.upstream.export import Export, Part
 from xpu_series.upstream.lint import load_hooks
+from xpu_series.upstream.related import UpstreamWork, load_upstream_work
 
 # verify's floor for a mutant's run: part of the key its outcomes are cached under
 # (commands/verify.py MUTANT_TIMEOUT_FLOOR_S; if the two drift, the table says
@@ -25,14 +28,22 @@ _MUTANT_TIMEOUT_FLOOR_S = 10.0
 
 
 @dataclass
-class Evidence:
-    """The measured results pr.md quotes, each None where none is cached."""
+class PatchEvidence:
+    """What verify's caches hold for one patch of the export (None: nothing)."""
 
     without: Counts | None = None
     with_patch: Counts | None = None
     mutants: PatchMutants | None = None
+
+
+@dataclass
+class Evidence:
+    """The measured results and recorded facts pr.md quotes."""
+
+    patches: dict[str, PatchEvidence] = field(default_factory=dict)
     check: dict[str, Any] | None = None
     audit: list[str] | None = None
+    work: UpstreamWork = field(default_factory=UpstreamWork)
 
 
 def _cached_counts(project: Project, tree_id: str, tests: list[str]) -> Counts | None:
@@ -111,22 +122,25 @@ def _audit_findings(project: Project, export: Export) -> list[str] | None:
 
 
 def gather(project: Project, export: Export, tree: Path) -> Evidence:
-    """What the caches hold for this patch, and the --check of this revision."""
+    """What the caches hold for each patch, the --check of this revision, and
+    patches/upstream-work.toml."""
     git = Git(tree)
-    target = export.target
-    parent = git.out("rev-parse", f"{target.commit}^")
-    tests = list(target.header.tests)
-    evidence = Evidence()
-    evidence.without = _cached_counts(
-        project, git.out("rev-parse", f"{parent}^{{tree}}"), tests
-    )
-    evidence.with_patch = _cached_counts(
-        project, git.out("rev-parse", f"{target.commit}^{{tree}}"), tests
-    )
-    evidence.mutants = _cached_mutants(
-        project, git, parent, target.commit, target.patch.name,
-        list(target.header.fast_tests),
-    )  # fmt: skip
+    evidence = Evidence(work=load_upstream_work(project))
+    for target in export.targets:
+        parent = git.out("rev-parse", f"{target.commit}^")
+        tests = list(target.header.tests)
+        found = PatchEvidence()
+        found.without = _cached_counts(
+            project, git.out("rev-parse", f"{parent}^{{tree}}"), tests
+        )
+        found.with_patch = _cached_counts(
+            project, git.out("rev-parse", f"{target.commit}^{{tree}}"), tests
+        )
+        found.mutants = _cached_mutants(
+            project, git, parent, target.commit, target.patch.name,
+            list(target.header.fast_tests),
+        )  # fmt: skip
+        evidence.patches[target.patch.name] = found
     check = export.folder / "check.json"
     if check.is_file():
         evidence.check = json.loads(check.read_text())
@@ -136,6 +150,228 @@ def gather(project: Project, export: Export, tree: Path) -> Evidence:
 
 def _paragraphs(text: str) -> list[str]:
     return [" ".join(p.split()) for p in re.split(r"\n\s*\n", text.strip()) if p]
+
+
+def _plain(subject: str) -> str:
+    return subject.removeprefix("[XPU] ")
+
+
+def _command(export: Export, option: str) -> str:
+    """The `xpu-series upstream` command that makes this export with `option`."""
+    if export.bundle is not None:
+        return f"xpu-series upstream --bundle {export.name} {option}"
+    return f"xpu-series upstream {export.name} {option}"
+
+
+class _Notes:
+    """Footnotes, numbered in order of first use: where each change comes
+    from, which matters to a reader after the failure and the fix."""
+
+    def __init__(self) -> None:
+        self.texts: list[str] = []
+
+    def mark(self, header: PatchHeader) -> str:
+        origin = header.get("Origin").strip()
+        # DEP-3's category word says nothing to a reviewer.
+        text = origin.split(", ", 1)[1] if origin.startswith("other, ") else origin
+        if not text:
+            return ""
+        text = f"Origin: {text.rstrip('.')}."
+        if text not in self.texts:
+            self.texts.append(text)
+        return f"[^{self.texts.index(text) + 1}]"
+
+    def lines(self) -> list[str]:
+        return [f"[^{n}]: {text}" for n, text in enumerate(self.texts, start=1)]
+
+
+def render(project: Project, export: Export, evidence: Evidence) -> str:
+    """pr.md: upstream's template headings, led by what fails on XPU and the
+    fix, with the related upstream work and upstream's own tests it changes."""
+    notes = _Notes()
+    lines = [f"# {_title(export)}", ""]
+    stems = ", ".join(t.patch.name for t in export.targets)
+    label = f"bundle {export.name}: {stems}" if export.bundle else stems
+    lines += [f"<!-- {label}, export v{export.revision} -->", ""]
+    lines += ["## Motivation", "", *_motivation(export, notes)]
+    lines += ["", "## Related upstream work", "", *_related(export, evidence.work)]
+    lines += ["", "## Modifications", "", *_modifications(export)]
+    lines += ["", "## Upstream tests this changes", ""]
+    lines += _upstream_tests(export, evidence.work)
+    lines += ["", "## Accuracy Tests", "", *_accuracy(export, evidence)]
+    lines += ["", "## Speed Tests and Profiling", "", _speed(export)]
+    lines += ["", "## Checklist", "", *_checklist(export, evidence)]
+    forwarded = dict.fromkeys(
+        t.header.get("Forwarded") for t in export.targets if t.header.get("Forwarded")
+    )
+    lines += [line for url in forwarded for line in ("", f"Forwarded: {url}")]
+    if notes.texts:
+        lines += ["", *notes.lines()]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _title(export: Export) -> str:
+    bundle = export.bundle
+    if bundle is None:
+        return export.targets[0].header.subject
+    if bundle.title:
+        return bundle.title
+    return "[XPU] " + "; ".join(_plain(t.header.subject) for t in export.targets)
+
+
+def _motivation(export: Export, notes: _Notes) -> list[str]:
+    """The failure on XPU and the fix: the first two paragraphs of each
+    patch's description (a bundle's own motivation first)."""
+    out: list[str] = []
+    bundle = export.bundle
+    if bundle is not None and bundle.motivation:
+        out += [*_joined(_paragraphs(bundle.motivation)), ""]
+    for target in export.targets:
+        paras = _paragraphs(target.header.description) or [target.header.subject]
+        if bundle is not None:
+            out += [f"**{_plain(target.header.subject)}** (`{target.stem}`)", ""]
+        out += [paras[0] + notes.mark(target.header), ""]
+        out += [paras[1], ""] if len(paras) > 1 else []
+    return out[:-1]
+
+
+_STATE = {"open": "open", "closed-unmerged": "closed, not merged", "merged": "merged"}
+
+
+def _related(export: Export, work: UpstreamWork) -> list[str]:
+    """Each related pull request or issue, as last seen, and how this differs."""
+    out = [
+        "Upstream pull requests and issues on the same failure or code, as last "
+        "seen, and how this pull request differs from each:",
+        "",
+    ]
+    bundle = export.bundle is not None
+    for target in export.targets:
+        entries = work.related_to(target.stem)
+        indent = "  " if bundle else ""
+        if bundle:
+            out.append(f"- `{target.stem}`:")
+        for e in entries:
+            out.append(
+                f"{indent}- [{e.label}]({e.url}) ({_STATE[e.state]}, as of "
+                f"{e.seen.isoformat()}): {e.differs}"
+            )
+        if not entries:
+            searched = work.searched.get(target.stem)
+            out.append(
+                f"{indent}- none found (searched {searched.isoformat()})"
+                if searched
+                else f"{indent}- not searched yet"
+            )
+    return out
+
+
+def _modifications(export: Export) -> list[str]:
+    out: list[str] = []
+    if export.depends:
+        out += [
+            "This pull request builds on "
+            + ", ".join(f"`{d}`" for d in export.depends)
+            + " (exported beside this one; merge that first): it changes the same "
+            "lines.",
+            "",
+        ]
+    if export.bundle is not None:
+        out += ["One commit per change, in this order:", ""]
+        out += [
+            f"{n}. {_plain(t.header.subject)}"
+            for n, t in enumerate(export.targets, start=1)
+        ]
+        out.append("")
+    for part in export.parts:
+        header = part.target.header
+        if export.bundle is not None:
+            out += [f"### {_plain(header.subject)}", ""]
+        rest = _paragraphs(header.description)[2:]
+        out += [*_joined(rest), ""] if rest else []
+        out += [*_files(part), ""]
+    return out[:-1]
+
+
+def _files(part: Part) -> list[str]:
+    out = ["Files:", *(f"- `{p}`" for p in part.code)]
+    for test in part.tests:
+        out.append(f"- `{test.path}` (new): registered for CPU CI")
+        for _module, names in test.inlined:
+            out.append(
+                f"  - defines {', '.join(f'`{n}`' for n in names)} itself: it "
+                "imports only sglang, the standard library and unittest"
+            )
+        for dropped in test.dropped:
+            out.append(f"  - leaves out `{dropped}`")
+    shipped = {t.path for t in part.tests}
+    for path in part.test_paths:
+        if path not in shipped:
+            out.append(f"- `{path}`: its tests too (added by an earlier commit)")
+    for path in part.left_out:
+        out.append(f"- not carried: `{path.split(' (')[0]}` ({path.split(' (', 1)[1]}")
+    for test in part.tests:
+        out += [f"- `{path}` (new): a file the test reads" for path, _d in test.data]
+    return out
+
+
+def _upstream_tests(export: Export, work: UpstreamWork) -> list[str]:
+    """Upstream's own tests that pin the old behaviour: the pull request must
+    update them (the release wheel carries no tests, so the export cannot)."""
+    found = [t for target in export.targets for t in work.tests_of(target.stem)]
+    out: list[str] = []
+    if found:
+        out += [
+            "These tests in upstream's tree assert the behaviour this pull request "
+            "changes, and must be updated in it: they are not in the release this "
+            "was exported against, so the commits above do not touch them.",
+            "",
+        ]
+        for t in found:
+            at = f"read at `{t.commit[:12]}`, " if t.commit else "read "
+            of = f" (`{t.patch}`)" if export.bundle is not None else ""
+            out.append(f"- `{t.path}`{of} ({at}{t.seen.isoformat()}): {t.breaks}")
+    for target in export.targets:
+        if work.tests_of(target.stem):
+            continue
+        of = f" for `{target.stem}`" if export.bundle is not None else ""
+        searched = work.searched.get(target.stem)
+        out.append(
+            f"- None found{of}: no upstream test of the changed code was seen to "
+            f"pin the old behaviour (searched {searched.isoformat()})."
+            if searched
+            else f"- Not searched yet{of}: upstream's own tests of the changed code "
+            "may pin the old behaviour."
+        )
+    return out
+
+
+def _checklist(export: Export, evidence: Evidence) -> list[str]:
+    lint = _step(evidence, "lint")
+    hooks = ", ".join(f"{h.id} {h.version}" for h in load_hooks())
+    out = [
+        f"- [{'x' if lint and lint['ok'] else ' '}] Formatted and linted with the "
+        f"hooks of upstream's pre-commit config ({hooks})"
+        + ("" if lint else f": not checked yet (`{_command(export, '--check')}`)")
+    ]
+    proof = [_step(evidence, "fail-without"), _step(evidence, "pass-with")]
+    ok = all(step is not None and step["ok"] for step in proof)
+    out.append(
+        f"- [{'x' if ok else ' '}] Unit tests added under `test/registered/unit/`: "
+        "they fail on upstream without the change and pass with it"
+    )
+    if any(evidence.work.tests_of(t.stem) for t in export.targets):
+        out.append(
+            "- [ ] Upstream's own tests named above updated to the new behaviour"
+        )
+    out.append(
+        "- [ ] Documentation: no option or documented behaviour changes"
+        " (reviewer to confirm)"
+    )
+    out.append(
+        "- [x] Accuracy and speed: stated above, with the commands that measured them"
+    )
+    return out
 
 
 def _speed(export: Export) -> str:
@@ -165,78 +401,11 @@ def _speed(export: Export) -> str:
     )
 
 
-def render(project: Project, export: Export, evidence: Evidence) -> str:
-    """pr.md: a title and upstream's template headings, filled in."""
-    target = export.target
-    header = target.header
-    paras = _paragraphs(header.description)
-    motivation, modifications = paras[:1], paras[1:]
-    tests_cmd = " ".join(export.test_paths)
-    lines = [f"# {header.subject}", ""]
-    lines += [f"<!-- {target.patch.name}, export v{export.revision} -->", ""]
-    lines += ["## Motivation", "", *_joined(motivation)]
-    if header.get("Origin"):
-        lines += ["", f"Origin: {header.get('Origin')}."]
-    if export.depends:
-        lines += [
-            "",
-            "This pull request builds on "
-            + ", ".join(f"`{d}`" for d in export.depends)
-            + " (exported beside this one; merge that first): it changes the same "
-            "lines.",
-        ]
-    lines += ["", "## Modifications", "", *_joined(modifications)]
-    lines += ["", "Files:"]
-    lines += [f"- `{p}`" for p in export.code]
-    for test in export.tests:
-        lines.append(f"- `{test.path}` (new): registered for CPU CI")
-        for _module, names in test.inlined:
-            lines.append(
-                f"  - defines {', '.join(f'`{n}`' for n in names)} itself: it "
-                "imports only sglang, the standard library and unittest"
-            )
-        for dropped in test.dropped:
-            lines.append(f"  - leaves out `{dropped}`")
-    for path in export.left_out:
-        lines.append(
-            f"- not carried: `{path.split(' (')[0]}` ({path.split(' (', 1)[1]}"
-        )
-    for path in export.data_paths:
-        lines.append(f"- `{path}` (new): a file the test reads")
-    lines += ["", "## Accuracy Tests", ""]
-    lines += _accuracy(export, evidence, tests_cmd)
-    lines += ["", "## Speed Tests and Profiling", "", _speed(export)]
-    lines += ["", "## Checklist", ""]
-    lint = _step(evidence, "lint")
-    hooks = ", ".join(f"{h.id} {h.version}" for h in load_hooks())
-    lines.append(
-        f"- [{'x' if lint and lint['ok'] else ' '}] Formatted and linted with the "
-        f"hooks of upstream's pre-commit config ({hooks})"
-        + ("" if lint else ": not checked yet (`xpu-series upstream --check`)")
-    )
-    proof = [_step(evidence, "fail-without"), _step(evidence, "pass-with")]
-    ok = all(step is not None and step["ok"] for step in proof)
-    lines.append(
-        f"- [{'x' if ok else ' '}] Unit tests added under `test/registered/unit/`: "
-        "they fail on upstream without the change and pass with it"
-    )
-    lines.append(
-        "- [ ] Documentation: no option or documented behaviour changes"
-        " (reviewer to confirm)"
-    )
-    lines.append(
-        "- [x] Accuracy and speed: stated above, with the commands that measured them"
-    )
-    if header.get("Forwarded"):
-        lines += ["", f"Forwarded: {header.get('Forwarded')}"]
-    return "\n".join(lines).rstrip() + "\n"
-
-
 def _joined(paras: list[str]) -> list[str]:
     out: list[str] = []
     for para in paras:
         out += [para, ""]
-    return out[:-1] if out else ["(see the title)"]
+    return out[:-1]
 
 
 def _step(evidence: Evidence, name: str) -> dict[str, Any] | None:
@@ -248,7 +417,7 @@ def _step(evidence: Evidence, name: str) -> dict[str, Any] | None:
     return None
 
 
-def _accuracy(export: Export, evidence: Evidence, tests_cmd: str) -> list[str]:
+def _accuracy(export: Export, evidence: Evidence) -> list[str]:
     out = [
         "Model outputs: not affected beyond what the tests below state; the change "
         "is exercised by its unit tests, on CPU.",
@@ -259,8 +428,7 @@ def _accuracy(export: Export, evidence: Evidence, tests_cmd: str) -> list[str]:
     if check:
         without, with_ = _step(evidence, "fail-without"), _step(evidence, "pass-with")
         out += [
-            "On this pull request's own tree (`xpu-series upstream "
-            f"{export.target.stem} --check`):",
+            f"On this pull request's own tree (`{_command(export, '--check')}`):",
             "",
             "| tree | result |",
             "|---|---|",
@@ -273,43 +441,13 @@ def _accuracy(export: Export, evidence: Evidence, tests_cmd: str) -> list[str]:
     else:
         out += [
             "Not yet run on this pull request's own tree: "
-            f"`xpu-series upstream {export.target.stem} --check` fills this in.",
+            f"`{_command(export, '--check')}` fills this in.",
             "",
         ]
-    out += [f"Run them: `python -m pytest {tests_cmd} -v`.", ""]
-    if evidence.without and evidence.with_patch:
-        out.append(
-            f"In the downstream series (`xpu-series verify {export.target.stem[:4]}`): "
-            f"without the change {evidence.without}; with it {evidence.with_patch}."
-        )
-    else:
-        out.append(
-            "`xpu-series verify` has no cached result for this revision of the "
-            "series: not quoted."
-        )
-    mutants = evidence.mutants
-    if mutants:
-        accepted = sum(m.id in mutants.accepted for m in mutants.survivors)
-        out += [
-            "",
-            f"Mutants of the added lines (`xpu-series verify --mutants "
-            f"{export.target.stem[:4]}`, tests: "
-            f"{', '.join(f'`{t}`' for t in mutants.tests)}):",
-            "",
-            "| mutants | killed | survived, accepted with a reason | survived |",
-            "|---|---|---|---|",
-            f"| {len(mutants.made)} | {mutants.killed} | {accepted} | "
-            f"{len(mutants.unaccepted)} |",
-        ]
-        for mutant in mutants.survivors:
-            reason = mutants.accepted.get(mutant.id, "not accepted")
-            out.append(f"- `{mutant.diff.strip()}`: {reason}")
-    else:
-        out += [
-            "",
-            "`xpu-series verify --mutants` has no cached result for this revision "
-            "of the series: not quoted.",
-        ]
+    out += [f"Run them: `python -m pytest {' '.join(export.test_paths)} -v`."]
+    for target in export.targets:
+        found = evidence.patches.get(target.patch.name, PatchEvidence())
+        out += ["", *_series_evidence(target.stem, found)]
     if evidence.audit:
         out += ["", "The audit's findings this removes: " + "; ".join(evidence.audit)]
     elif evidence.audit is None:
@@ -320,4 +458,41 @@ def _accuracy(export: Export, evidence: Evidence, tests_cmd: str) -> list[str]:
         ]
     else:
         out += ["", "The audit report names no finding this change removes."]
+    return out
+
+
+def _series_evidence(stem: str, found: PatchEvidence) -> list[str]:
+    """verify's fail-without/pass-with counts and the mutants table of one
+    patch, from the caches of this revision of the series."""
+    if found.without and found.with_patch:
+        out = [
+            f"In the downstream series (`xpu-series verify {stem[:4]}`): "
+            f"without the change {found.without}; with it {found.with_patch}."
+        ]
+    else:
+        out = [
+            f"`xpu-series verify {stem[:4]}` has no cached result for this revision "
+            "of the series: not quoted."
+        ]
+    mutants = found.mutants
+    if not mutants:
+        return out + [
+            "",
+            f"`xpu-series verify --mutants {stem[:4]}` has no cached result for this "
+            "revision of the series: not quoted.",
+        ]
+    accepted = sum(m.id in mutants.accepted for m in mutants.survivors)
+    out += [
+        "",
+        f"Mutants of the added lines (`xpu-series verify --mutants {stem[:4]}`, "
+        f"tests: {', '.join(f'`{t}`' for t in mutants.tests)}):",
+        "",
+        "| mutants | killed | survived, accepted with a reason | survived |",
+        "|---|---|---|---|",
+        f"| {len(mutants.made)} | {mutants.killed} | {accepted} | "
+        f"{len(mutants.unaccepted)} |",
+    ]
+    for mutant in mutants.survivors:
+        reason = mutants.accepted.get(mutant.id, "not accepted")
+        out.append(f"- `{mutant.diff.strip()}`: {reason}")
     return out

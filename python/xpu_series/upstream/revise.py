@@ -13,7 +13,14 @@ from xpu_series.git import run_command
 from xpu_series.project import Project
 from xpu_series.stack.operation import require_idle
 from xpu_series.stack.tree import read_record, write_record
-from xpu_series.upstream.export import Export, Target, Workspace, revisions, tree_git
+from xpu_series.upstream.export import (
+    PATCH_GLOB,
+    Export,
+    Target,
+    Workspace,
+    revisions,
+    tree_git,
+)
 
 # A pull request's address: http(s), a host with a dot, a path, no spaces.
 _URL = re.compile(r"^https?://[A-Za-z0-9.-]+\.[A-Za-z]{2,}(:[0-9]+)?/[^\s<>\"']+$")
@@ -35,14 +42,14 @@ def check_url(url: str) -> str:
     return url
 
 
-def _patch_of(folder: Path) -> Path:
-    found = sorted(folder.glob("0001-*.patch"))
-    if len(found) != 1:
+def _patches_of(folder: Path) -> list[Path]:
+    found = sorted(folder.glob(PATCH_GLOB))
+    if not found:
         raise XpuSeriesError(
-            f"{folder} holds {len(found)} exported patches, not one",
+            f"{folder} holds no exported patch",
             hint="remove the folder and export again",
         )
-    return found[0]
+    return found
 
 
 def range_diff(
@@ -54,13 +61,13 @@ def range_diff(
     have = revisions(folder)
     if old not in have:
         raise UsageError(
-            f"{export.target.stem} has no revision v{old} "
+            f"{export.name} has no revision v{old} "
             f"(it has {', '.join(f'v{n}' for n in have)})",
             hint="name one of those with --compare-to",
         )
     work = Workspace(project, tree)
     git = work.git
-    commits = []
+    ranges = []
     for number in (old, export.revision):
         meta_path = folder / f"v{number}" / "export.json"
         try:
@@ -70,17 +77,17 @@ def range_diff(
         if git.rev(base) is None:
             base = export.base
         work.reset(base)
-        applied = git.run("am", "-q", "-k", str(_patch_of(folder / f"v{number}")),
-                          check=False)  # fmt: skip
+        start = git.out("rev-parse", "HEAD")
+        files = [str(p) for p in _patches_of(folder / f"v{number}")]
+        applied = git.run("am", "-q", "-k", *files, check=False)
         if not applied.ok:
             git.run("am", "--abort", check=False)
             raise XpuSeriesError(
-                f"v{number} of {export.target.stem} no longer applies to its base",
+                f"v{number} of {export.name} no longer applies to its base",
                 hint="compare the patch files by hand (diff -u)",
             )
-        commits.append(git.out("rev-parse", "HEAD"))
-    a, b = commits
-    text = git.run("range-diff", "--no-color", f"{a}^..{a}", f"{b}^..{b}").stdout
+        ranges.append(f"{start}..{git.out('rev-parse', 'HEAD')}")
+    text = git.run("range-diff", "--no-color", *ranges).stdout
     out = folder / f"range-diff-v{old}-v{export.revision}.txt"
     out.write_text(text)
     return out, text

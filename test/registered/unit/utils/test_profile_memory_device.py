@@ -9,10 +9,12 @@ from types import SimpleNamespace
 from unittest import mock
 
 import torch
+from sglang.srt.managers.io_struct import ProfileReq, ProfileReqType
 from sglang.srt.managers.scheduler_components.profiler_manager import (
     SchedulerProfilerManager,
 )
-from sglang.srt.utils import common, profile_utils
+from sglang.srt.runtime_context import get_parallel
+from sglang.srt.utils import profile_utils
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -52,45 +54,23 @@ def _cuda_not_compiled(*args, **kwargs):
     raise AssertionError(NOT_COMPILED)
 
 
-def platform(stack: ExitStack, **flags: bool) -> None:
-    """Pin the platform checks get_device_module() reads, and forget its answer."""
-    for name in ("is_cuda", "is_hip", "is_npu", "is_xpu", "is_musa"):
-        value = flags.get(name, False)
-        stack.enter_context(mock.patch.object(common, name, lambda v=value: v))
-    if flags.get("is_xpu"):
-        # What torch answers on an XPU build (0.5.20's get_device_module asks it).
-        stack.enter_context(
-            mock.patch.object(torch, "get_device_module", return_value=torch.xpu)
-        )
-    cache_clear = getattr(common.get_device_module, "cache_clear", None)
-    if cache_clear:  # cached from 0.5.21 on
-        cache_clear()
-        stack.callback(cache_clear)
+def device(stack: ExitStack, module) -> None:
+    """Pin the device module the profilers read (`get_device_module()`, looked up
+    in profile_utils) to `module`; torch.cuda.memory raises as on an XPU build."""
+    stack.enter_context(
+        mock.patch.object(profile_utils, "get_device_module", return_value=module)
+    )
     for name in ("_record_memory_history", "_dump_snapshot"):
         stack.enter_context(
             mock.patch.object(torch.cuda.memory, name, _cuda_not_compiled)
         )
 
 
-def no_accelerator() -> ExitStack:
-    """A CPU-only machine: no accelerator, and the device module is torch.cpu
-    (older releases ask torch.get_device_module(), which answers torch.cuda on a
-    CUDA-built torch even without a GPU)."""
-    stack = ExitStack()
-    stack.enter_context(
-        mock.patch.object(torch.accelerator, "current_accelerator", return_value=None)
-    )
-    stack.enter_context(
-        mock.patch.object(torch, "get_device_module", return_value=torch.cpu)
-    )
-    return stack
-
-
-def manager(output_dir: str) -> SchedulerProfilerManager:
+def manager(output_dir: str, activities=("MEM",)) -> SchedulerProfilerManager:
     return standin(
         SchedulerProfilerManager,
         get_forward_ct=lambda: 0,
-        profiler_activities=["MEM"],
+        profiler_activities=list(activities),
         torch_profiler_output_dir=Path(output_dir),
         torch_profiler_with_stack=None,
         torch_profiler_record_shapes=None,
@@ -99,6 +79,9 @@ def manager(output_dir: str) -> SchedulerProfilerManager:
         merge_profiles=False,
         detailed_annotations=False,
         profile_in_progress=False,
+        # Older releases read the ranks through the manager's parallel state:
+        # the real one, which answers with single_rank()'s values.
+        ps=get_parallel(),
     )
 
 
@@ -106,7 +89,7 @@ class TestMemProfilingOnXpu(CustomTestCase):
     def test_start_and_stop_record_and_dump_through_torch_xpu(self):
         history = _History()
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
-            platform(stack, is_xpu=True)
+            device(stack, torch.xpu)
             stack.enter_context(single_rank())
             history.watch(stack, torch.xpu.memory)
             profiler = manager(out)
@@ -129,28 +112,53 @@ class TestMemProfilingOnXpu(CustomTestCase):
             self.assertEqual(dumped.read_bytes(), b"snapshot")
 
 
+def request(kind: ProfileReqType, out: str, activities=None) -> ProfileReq:
+    """A /start_profile or /stop_profile as the scheduler receives it."""
+    return ProfileReq(
+        req_type=kind, output_dir=out, activities=activities, profile_id="mem"
+    )
+
+
 class TestMemProfilingWithoutHistory(CustomTestCase):
-    def test_a_device_without_history_skips_mem_instead_of_calling_cuda(self):
+    def test_a_mem_only_start_fails_and_says_why(self):
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
-            platform(stack)  # no accelerator: torch.cpu, which keeps no history
+            device(stack, torch.cpu)  # no accelerator: torch.cpu keeps no history
             stack.enter_context(single_rank())
-            stack.enter_context(no_accelerator())
             profiler = manager(out)
+            started = profiler._profile(
+                request(ProfileReqType.START_PROFILE, out, ["MEM"])
+            )
+            self.assertFalse(started.success, started.message)
+            self.assertIn("MEM profiling is not supported", started.message)
+            self.assertFalse(profiler.profile_in_progress)
+            # Nothing was started, so nothing claims to be running.
+            stopped = profiler._profile(request(ProfileReqType.STOP_PROFILE, out))
+            self.assertFalse(stopped.success)
+            self.assertIn("not in progress", stopped.message)
+            self.assertEqual(list(Path(out).iterdir()), [])
+
+    def test_beside_another_activity_mem_is_skipped_and_the_rest_runs(self):
+        with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
+            device(stack, torch.cpu)
+            stack.enter_context(single_rank())
+            profiler = manager(out, activities=("CPU", "MEM"))
             with self.assertLogs(level="WARNING") as logs:
                 started = profiler._start_profile()
             self.assertTrue(started.success, started.message)
             self.assertIn("MEM profiling is not supported", "\n".join(logs.output))
-            self.assertFalse(profiler.profile_in_progress)
-            # Another activity kept the profile running: stopping it must not
-            # try to dump a MEM snapshot the device cannot give.
-            profiler.profile_in_progress = True
+            self.assertTrue(profiler.profile_in_progress)
+            # The CPU trace's export waits on the TP group, which a one-process
+            # test has not made: stop that profiler here.
+            profiler.torch_profiler.stop()
+            profiler.torch_profiler = None
+            # Stopping must not try to dump a MEM snapshot the device cannot give.
             stopped = profiler._stop_profile()
             self.assertTrue(stopped.success, stopped.message)
             self.assertEqual(list(Path(out).iterdir()), [])
 
     def test_a_device_memory_module_without_history_is_skipped_too(self):
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
-            platform(stack, is_xpu=True)
+            device(stack, torch.xpu)
             stack.enter_context(single_rank())
             # A torch.<device>.memory that keeps no allocator history.
             stack.enter_context(
@@ -159,7 +167,7 @@ class TestMemProfilingWithoutHistory(CustomTestCase):
             profiler = manager(out)
             with self.assertLogs(level="WARNING") as logs:
                 started = profiler._start_profile()
-            self.assertTrue(started.success, started.message)
+            self.assertFalse(started.success, started.message)
             self.assertIn("MEM profiling is not supported", "\n".join(logs.output))
             self.assertFalse(profiler.profile_in_progress)
 
@@ -168,7 +176,7 @@ class TestStopWithoutMem(CustomTestCase):
     def test_stopping_a_profile_without_mem_dumps_nothing(self):
         history = _History()
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
-            platform(stack, is_xpu=True)
+            device(stack, torch.xpu)
             stack.enter_context(single_rank())
             history.watch(stack, torch.xpu.memory)
             profiler = manager(out)
@@ -195,7 +203,7 @@ class TestProfileManagerV2Memory(CustomTestCase):
     def test_it_records_and_dumps_through_torch_xpu(self):
         history = _History()
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
-            platform(stack, is_xpu=True)
+            device(stack, torch.xpu)
             stack.enter_context(single_rank())
             history.watch(stack, torch.xpu.memory)
             inner = self.make(str(Path(out) / "traces"))
@@ -213,9 +221,8 @@ class TestProfileManagerV2Memory(CustomTestCase):
 
     def test_without_history_it_warns_and_writes_nothing(self):
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
-            platform(stack)
+            device(stack, torch.cpu)
             stack.enter_context(single_rank())
-            stack.enter_context(no_accelerator())
             inner = self.make(str(Path(out) / "traces"))
             with self.assertLogs(level="WARNING") as logs:
                 inner.start()

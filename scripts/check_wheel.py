@@ -1,0 +1,209 @@
+#!/usr/bin/env python3
+"""CI: the fork wheel of the pin, built twice and installed by a real pip.
+
+- `xpu-series wheel` twice into two folders: the same bytes both times;
+- a fresh `python3.11 -m venv` (with its own pip): `pip install --no-deps` of the
+  wheel; `pip show sglang` reports the series' label; every file of the installed
+  sglang package is build/sglang's (the applied tree) byte for byte, and the
+  files the series changes are among them; the plugin's entry point is listed;
+- `pip uninstall -y sglang` leaves no file of it behind;
+- the official image's order: `pip install --no-deps` of the stock release, then
+  the fork over it (the label and the tree's files again), then `pip uninstall`
+  and `pip install --no-deps` of the stock release: every file as stock had it.
+
+Prints a line per step with its time; exits non-zero on the first failure.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = ROOT / ".venv" / "bin" / "python"
+TREE = ROOT / "build" / "sglang"
+ENTRY_POINT = "xpu_series = sglang_xpu_series:announce"
+
+
+class Failed(Exception):
+    """One check did not hold; the message says which."""
+
+
+def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
+    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
+    if proc.returncode != 0:
+        raise Failed(
+            f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
+            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
+        )
+    return proc
+
+
+def tool(*args: str) -> dict:
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    cmd = [str(PY), "-m", "xpu_series", "-C", str(ROOT), "--json", *args]
+    return json.loads(run(cmd, env=env).stdout)
+
+
+def sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def snapshot(site: Path) -> dict[str, str]:
+    """Every file under `site` by content; bytecode by name only (pip compiles it
+    anew on each install, with the time in it)."""
+    return {
+        p.relative_to(site).as_posix(): "" if p.suffix == ".pyc" else sha256(p)
+        for p in sorted(site.rglob("*"))
+        if p.is_file()
+    }
+
+
+def differences(before: dict[str, str], after: dict[str, str]) -> list[str]:
+    return sorted(
+        k for k in before.keys() | after.keys() if before.get(k) != after.get(k)
+    )
+
+
+class Venv:
+    """A fresh virtualenv of python3.11 with its own pip."""
+
+    def __init__(self, folder: Path, python: str) -> None:
+        run([python, "-m", "venv", str(folder)])
+        self.python = str(folder / "bin" / "python")
+        code = "import sysconfig; print(sysconfig.get_paths()['purelib'])"
+        self.site = Path(run([self.python, "-c", code]).stdout.strip())
+
+    def pip(self, *args: str) -> str:
+        cmd = [self.python, "-m", "pip", "--disable-pip-version-check", *args]
+        return run(cmd).stdout
+
+    def show(self) -> str:
+        return self.pip("show", "sglang")
+
+    def version(self) -> str:
+        line = next(x for x in self.show().splitlines() if x.startswith("Version:"))
+        return line.split(":", 1)[1].strip()
+
+
+def tree_files() -> dict[str, str]:
+    """sglang's files in the applied tree, as install paths: sha256 of each."""
+    listed = run(["git", "-C", str(TREE), "ls-files", "-z", "python/sglang"]).stdout
+    return {
+        name[len("python/") :]: sha256(TREE / name)
+        for name in listed.split("\0")
+        if name
+    }
+
+
+def installed_files(site: Path) -> dict[str, str]:
+    """What the install's RECORD lists under sglang/ (bytecode aside)."""
+    dist = next(site.glob("sglang-*.dist-info"))
+    with open(dist / "RECORD", newline="") as fh:
+        rows = [row[0] for row in csv.reader(fh) if row]
+    return {
+        rel: sha256(site / rel)
+        for rel in rows
+        if rel.startswith("sglang/") and not rel.endswith(".pyc")
+    }
+
+
+def check_is_the_tree(venv: Venv, built: dict, expected: dict[str, str]) -> str:
+    version = venv.version()
+    if version != built["version"]:
+        raise Failed(f"pip show sglang says {version}, not {built['version']}")
+    got = installed_files(venv.site)
+    wrong = differences(expected, got)
+    if wrong:
+        raise Failed(
+            f"{len(wrong)} installed file(s) are not build/sglang's: "
+            + ", ".join(wrong[:10])
+        )
+    missing = [f for f in built["files"] if f not in got]
+    if missing:
+        raise Failed(f"the series' files are not installed: {', '.join(missing)}")
+    dist = next(venv.site.glob("sglang-*.dist-info"))
+    if ENTRY_POINT not in (dist / "entry_points.txt").read_text():
+        raise Failed(f"{dist.name}/entry_points.txt lacks '{ENTRY_POINT}'")
+    return f"{len(got)} files are the tree's ({len(built['files'])} patched)"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--python", default="python3.11", help="the venv's Python")
+    parser.add_argument("--keep", action="store_true", help="keep the work folder")
+    args = parser.parse_args()
+    start = time.monotonic()
+
+    def step(text: str) -> None:
+        print(f"[{time.monotonic() - start:6.1f}s] {text}", flush=True)
+
+    if not (TREE / ".git").exists():
+        print(f"FAILED: no applied tree at {TREE}: run 'xpu-series apply' first")
+        return 1
+    work = Path(tempfile.mkdtemp(prefix="check-wheel-", dir=ROOT / "build"))
+    try:
+        first = tool("wheel", "--out", str(work / "one"))
+        step(f"built {first['name']}: {first['size']} bytes, sha256 {first['sha256']}")
+        second = tool("wheel", "--out", str(work / "two"))
+        if second["sha256"] != first["sha256"]:
+            raise Failed(f"two builds differ: {first['sha256']} and {second['sha256']}")
+        step("built again into another folder: the same sha256")
+        wheel = first["path"]
+        stock = tool("fetch")["path"]
+        expected = tree_files()
+
+        venv = Venv(work / "fresh", args.python)
+        empty = snapshot(venv.site)
+        venv.pip("install", "--no-deps", wheel)
+        said = check_is_the_tree(venv, first, expected)
+        step(f"fresh venv, pip install --no-deps: {said}")
+        shown = [
+            line
+            for line in venv.show().splitlines()
+            if line.split(":", 1)[0] in ("Name", "Version", "Summary", "Location")
+        ]
+        print("\n".join(f"    pip show sglang: {line}" for line in shown), flush=True)
+        venv.pip("uninstall", "-y", "sglang")
+        left = differences(empty, snapshot(venv.site))
+        if left:
+            raise Failed(f"pip uninstall left {', '.join(left[:10])}")
+        step("pip uninstall -y sglang: no file left")
+
+        venv.pip("install", "--no-deps", stock)
+        plain = snapshot(venv.site)
+        if venv.version() != first["release"]:
+            raise Failed(f"the stock release installed as {venv.version()}")
+        venv.pip("install", "--no-deps", wheel)
+        step(f"over a stock install: {check_is_the_tree(venv, first, expected)}")
+        venv.pip("uninstall", "-y", "sglang")
+        venv.pip("install", "--no-deps", stock)
+        changed = differences(plain, snapshot(venv.site))
+        if changed:
+            raise Failed(
+                f"stock reinstalled, but these differ: {', '.join(changed[:10])}"
+            )
+        step(
+            f"uninstall + stock reinstall: sglang {venv.version()}, every file stock's"
+        )
+    except Failed as exc:
+        step(f"FAILED: {exc}")
+        return 1
+    finally:
+        if not args.keep:
+            shutil.rmtree(work, ignore_errors=True)
+    step("ok")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
