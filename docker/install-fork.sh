@@ -3,38 +3,96 @@
 # docker/Dockerfile does in the image, kept in one script so CI runs it against a
 # real pip installation (no container runtime can pull the XPU image there).
 #
-#   docker/install-fork.sh [--python PY | --into SITE] [--upstream VERSION]
-#                          [--revision REV] [--bin DIR]
+#   docker/install-fork.sh [--mode overlay|wheel] [--python PY | --into SITE]
+#                          [--upstream VERSION] [--revision REV] [--bin DIR]
 #
+# --mode M      overlay (default): rewrite the files the series changes inside the
+#               installed sglang, each checked against the release first;
+#               wheel: build the fork wheel for PY's CPython tag with
+#               `xpu-series wheel` (release wheel fetched and hash-checked; needs
+#               git and the package index) and `pip install --no-deps` it over
+#               the installed sglang
 # --python PY   the Python whose sglang gets the series (default: python3 on PATH)
-# --into SITE   or name the site-packages folder directly
-# --upstream V  the sglang release the install must be (a mismatch fails, exit 4)
+# --into SITE   or name the site-packages folder directly (overlay only)
+# --upstream V  the sglang release (overlay: the install must be it, else exit 4;
+#               wheel: default the installed release, else the pin)
 # --revision R  the sglang-xpu revision to record in the provenance
 # --bin DIR     also install an `xpu-series` launcher there (the tool needs nothing
 #               but the Python that runs it)
 set -euo pipefail
 src=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 python=python3
+mode=overlay
 where=()
 args=()
+upstream=""
 bindir=""
 while [ $# -gt 0 ]; do
   case "$1" in
+    --mode) mode=$2; shift 2 ;;
     --python) python=$2; where=(--python "$2"); shift 2 ;;
     --into) where=(--into "$2"); shift 2 ;;
-    --upstream | --revision) args+=("$1" "$2"); shift 2 ;;
+    --upstream) upstream=$2; args+=("$1" "$2"); shift 2 ;;
+    --revision) args+=("$1" "$2"); shift 2 ;;
     --bin) bindir=$2; shift 2 ;;
-    -h | --help) sed -n '2,15p' "$0"; exit 0 ;;
+    -h | --help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "error: unknown argument $1" >&2; echo "hint: see $0 --help" >&2; exit 2 ;;
   esac
 done
 [ ${#where[@]} -gt 0 ] || where=(--python "$python")
 
-tool() { PYTHONPATH="$src/python" "$python" -m xpu_series -C "$src" "$@"; }
+tool() { PYTHONPATH="$src/python" "$python" -m xpu_series "$@"; }
 
-# The overlay checks the release and every file it patches before it writes.
-tool overlay "${where[@]}" "${args[@]}"
-tool overlay --status "${where[@]}"
+case "$mode" in
+  overlay)
+    # The overlay checks the release and every file it patches before it writes.
+    tool -C "$src" overlay "${where[@]}" "${args[@]}"
+    tool -C "$src" overlay --status "${where[@]}"
+    ;;
+  wheel)
+    if [ "${where[0]}" = --into ]; then
+      echo "error: --mode wheel installs with pip: name the Python with --python" >&2
+      exit 2
+    fi
+    if [ -z "$upstream" ]; then
+      # The release the image has, so the fork replaces it with the same release.
+      upstream=$("$python" -c 'import importlib.metadata as m
+try:
+    print(m.version("sglang").split("+")[0])
+except m.PackageNotFoundError:
+    pass')
+      [ -z "$upstream" ] || args+=(--upstream "$upstream")
+    fi
+    # Built in a copy of patches/, so its scratch tree and release wheel stay
+    # out of this checkout (and out of the image).
+    work=$(mktemp -d)
+    trap 'rm -rf "$work"' EXIT
+    cp -r "$src/patches" "$work/patches"
+    case " ${args[*]} " in
+      *" --revision "*) ;;
+      *) args+=(--revision "$(git -C "$src" rev-parse HEAD 2>/dev/null || true)") ;;
+    esac
+    built=$(tool -C "$work" --json wheel --python "$python" \
+      --out "$work/wheels" "${args[@]}" |
+      "$python" -c 'import json, sys; print(json.load(sys.stdin).get("path", ""))')
+    "$python" -m pip install --no-deps --disable-pip-version-check "$built"
+    # The installed version must be the wheel's, and its plugin must say so.
+    "$python" - "$built" <<'PY'
+import importlib.metadata, sys
+from pathlib import Path
+
+want = Path(sys.argv[1]).name.split("-")[1]
+have = importlib.metadata.version("sglang")
+if have != want:
+    sys.exit(f"error: pip installed sglang {have}, not the fork wheel's {want}")
+import sglang_xpu_series
+
+sglang_xpu_series.announce()
+print(f"installed sglang {have}")
+PY
+    ;;
+  *) echo "error: --mode is overlay or wheel, not $mode" >&2; exit 2 ;;
+esac
 
 if [ -n "$bindir" ]; then
   mkdir -p "$bindir"

@@ -5,6 +5,8 @@ naming another plugin keeps it out."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
 import socket
@@ -22,6 +24,7 @@ from xpu_series.fork.wheel import WheelRequest, build_fork_wheel
 from xpu_series.project import Project
 
 ROOT = Path(__file__).resolve().parents[2]
+TREE = ROOT / "build" / "sglang" / "python"
 READY_TIMEOUT_S = 300
 LINE = re.compile(
     r"sglang-xpu: series s([0-9a-f]{12}) \((\d+) patches, .* on sglang (\S+)"
@@ -32,7 +35,7 @@ LINE = re.compile(
 def plugin_path(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The pin's fork wheel, less its sglang/ (the server imports build/sglang, the
     same bytes): the plugin package and the dist-info whose entry point names it."""
-    if not (ROOT / "build" / "sglang" / ".git").exists():
+    if not (TREE.parent / ".git").exists():
         pytest.skip("no patched tree at build/sglang: run scripts/bootstrap first")
     out = tmp_path_factory.mktemp("wheel")
     built = build_fork_wheel(Project(ROOT), WheelRequest(out=out))
@@ -95,15 +98,22 @@ def test_the_server_logs_the_series_in_every_process_that_loads_plugins(
     plugin_path: Path, tmp_path: Path
 ) -> None:
     dist = next(plugin_path.glob("sglang-*.dist-info"))
-    version = dist.name.removeprefix("sglang-").removesuffix(".dist-info")
-    series = Project(ROOT).series()
+    identity = json.loads((dist / "xpu_series.json").read_text())
+    stale = [
+        rel
+        for rel, sha in identity["files"].items()
+        if sha and hashlib.sha256((TREE / rel).read_bytes()).hexdigest() != sha
+    ]
+    assert not stale, (
+        f"build/sglang is not the series: run 'xpu-series apply' ({stale})"
+    )
     text = _serve_once(_env(plugin_path), tmp_path / "server.log")
     found = [m.groups() for m in LINE.finditer(text)]
     # The launcher, the scheduler and the detokenizer each load plugins.
     assert len(found) >= 3, text[-3000:]
-    assert set(found) == {(series.digest()[:12], str(len(series.patches)), version)}, (
-        found
-    )
+    series = identity["series_sha256"][:12]
+    assert set(found) == {(series, str(len(identity["patches"])), identity["version"])}
+    # The server runs build/sglang, whose files are the series' (checked above).
     assert "differs from the series' file" not in text
     assert "is missing" not in text and "cannot describe" not in text
 

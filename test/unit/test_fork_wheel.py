@@ -342,3 +342,12 @@ def test_the_plugin_never_raises_even_when_describing_fails(
     assert caplog.messages == [
         "sglang-xpu: cannot describe the series: RecursionError('deep')"
     ]
+
+
+def test_a_python_that_cannot_run_is_a_usage_error(
+    three_patches: Project, tmp_path: Path
+) -> None:
+    out = tmp_path / "out"
+    missing = three_patches.run("wheel", "--out", str(out), "--python", "/no/python")
+    assert missing.code == 2 and "cannot run /no/python" in missing.err
+    assert not out.exists()

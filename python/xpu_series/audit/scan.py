@@ -1,15 +1,22 @@
-"""One module's CUDA-only code: what it uses, under which guard, and what it imports."""
+"""One module's XPU hazards: what it uses, under which guard, what it imports, and
+the class facts the tree-wide rules read."""
 
 from __future__ import annotations
 
 import ast
+import dataclasses
 import gc
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from xpu_series.audit.scan_classes import ClassScan
+from xpu_series.audit.scan_collectives import CollectiveScan
 from xpu_series.audit.scan_context import module_truths
 from xpu_series.audit.scan_devices import DeviceScan
+from xpu_series.audit.scan_downgrade import DowngradeScan
 from xpu_series.audit.scan_imports import ImportScan
+from xpu_series.audit.scan_ipc import IpcScan
+from xpu_series.audit.scan_kernels import KernelScan
 from xpu_series.audit.scan_names import NameScan, guarded_only_names
 from xpu_series.audit.scan_records import (
     CUDA_PACKAGE,
@@ -19,6 +26,8 @@ from xpu_series.audit.scan_records import (
     KINDS,
     TENSOR_CUDA,
     TORCH_CUDA,
+    ClassFact,
+    ClassUse,
     ImportEdge,
     RawFinding,
 )
@@ -51,14 +60,30 @@ class FileScan:
     # The CUDA-only package the module imports unconditionally at its top (XPU
     # cannot import the module), or "".
     blocks: str = ""
+    classes: list[ClassFact] = field(default_factory=list)
+    uses: list[ClassUse] = field(default_factory=list)
+    bindings: dict[str, str] = field(default_factory=dict)
+    registrations: list[tuple[str, str, str]] = field(default_factory=list)
+    # Other modules' private names this one uses: (module, name, guarded here).
+    private_imports: list[tuple[str, str, bool]] = field(default_factory=list)
+    # Functions found quiet because only guarded code here uses them: qualified
+    # name -> the functions here that use it (the tree-wide pass asks the other
+    # modules, and takes back what rested on one it took back).
+    quiet: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "module": self.module,
-            "findings": [asdict(f) for f in self.findings],
+            "findings": [_compact(asdict(f)) for f in self.findings],
             "imports": [asdict(i) for i in self.imports],
             "error": self.error,
             "blocks": self.blocks,
+            "classes": [asdict(c) for c in self.classes],
+            "uses": [asdict(u) for u in self.uses],
+            "bindings": self.bindings,
+            "registrations": self.registrations,
+            "private_imports": self.private_imports,
+            "quiet": self.quiet,
         }
 
     @classmethod
@@ -78,7 +103,24 @@ class FileScan:
             ],
             data["error"],
             data.get("blocks", ""),
+            [
+                ClassFact(c["name"], c["line"], tuple(c["bases"]), c["methods"])
+                for c in data.get("classes", [])
+            ],
+            [
+                ClassUse(**{**u, "names": tuple(u["names"])})
+                for u in data.get("uses", [])
+            ],
+            data.get("bindings", {}),
+            [tuple(r) for r in data.get("registrations", [])],  # type: ignore[misc]
+            [tuple(p) for p in data.get("private_imports", [])],  # type: ignore[misc]
+            data.get("quiet", {}),
         )
+
+
+def _compact(data: dict[str, Any]) -> dict[str, Any]:
+    """A finding without its empty optional fields (most have none)."""
+    return {k: v for k, v in data.items() if v or k not in ("effect", "evidence")}
 
 
 def module_name(path: str) -> str:
@@ -93,13 +135,32 @@ def module_name(path: str) -> str:
     return ".".join(parts)
 
 
-class _Scanner(ScopeScan, ImportScan, NameScan, DeviceScan):
-    """Every rule in one walk over the tree: each visits the nodes of its kind."""
+class _Scanner(
+    ScopeScan,
+    ImportScan,
+    NameScan,
+    DeviceScan,
+    DowngradeScan,
+    CollectiveScan,
+    IpcScan,
+    KernelScan,
+    ClassScan,
+):
+    """Every rule in one walk over the tree: each visits the nodes of its kind, or
+    hooks into the walk where the file's text can hold its finding."""
+
+    text: bytes = b""
 
     def visit_Module(self, node: ast.Module) -> None:
         self.env = module_truths(node)
         self.cuda_names = guarded_only_names(node, self.env)
+        self.install_downgrade(self.text)
+        self.install_collectives(self.text)
+        self.install_ipc(self.text)
+        self.install_kernels(self.text, node)
+        self.install_classes(self.text)
         self.block(node.body)
+        self.finish_classes()
 
 
 def scan_source(
@@ -122,13 +183,38 @@ def scan_source(
         if collecting:
             gc.enable()
     scanner = _Scanner(module, package, cuda_packages)
+    scanner.text = source if isinstance(source, bytes) else source.encode()
     scanner.visit(tree)
+    findings, quiet = _called_only_guarded(scanner)
     return FileScan(
-        module, _called_only_guarded(scanner), scanner.imports, blocks=scanner.blocks
+        module,
+        findings,
+        scanner.imports,
+        blocks=scanner.blocks,
+        classes=scanner.classes,
+        uses=scanner.uses,
+        bindings={k: v for k, v in scanner.bindings.items() if k[:1].isupper()},
+        registrations=scanner.registrations,
+        private_imports=_private_uses(scanner),
+        quiet=quiet,
     )
 
 
-def _called_only_guarded(scanner: _Scanner) -> list[RawFinding]:
+def _private_uses(scanner: _Scanner) -> list[tuple[str, str, bool]]:
+    """Other modules' private names used here, each once: guarded only when every
+    use is (the import itself, or each reference of the name it binds)."""
+    unguarded_refs = {name for name, _user, guarded in scanner.refs if not guarded}
+    seen: dict[tuple[str, str], bool] = {}
+    for module, name, guarded in scanner.private_imports:
+        quiet = guarded or name not in unguarded_refs
+        key = (module, name)
+        seen[key] = seen.get(key, True) and quiet
+    return [(m, n, g) for (m, n), g in sorted(seen.items())]
+
+
+def _called_only_guarded(
+    scanner: _Scanner,
+) -> tuple[list[RawFinding], dict[str, str]]:
     """Findings of private helpers that only guarded code uses are guarded too.
 
     A private function or method (`_name`) is private to its module: when every
@@ -156,11 +242,12 @@ def _called_only_guarded(scanner: _Scanner) -> list[RawFinding]:
     for finding in scanner.findings:
         owner = _within(finding.function, quiet)
         if owner and not finding.guard:
-            finding = RawFinding(
-                finding.line, finding.function, finding.api, finding.kind, quiet[owner]
-            )
+            finding = dataclasses.replace(finding, guard=quiet[owner])
         out.append(finding)
-    return out
+    return out, {
+        qual: sorted({u for u, _g in users[qual.rsplit(".", 1)[-1]] if u != qual})
+        for qual in quiet
+    }
 
 
 def _within(function: str, quiet: dict[str, str]) -> str:

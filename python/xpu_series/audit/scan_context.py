@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import ast
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from xpu_series.audit.guards import describe, dotted, xpu_truth
-from xpu_series.audit.scan_records import ImportEdge, RawFinding
+from xpu_series.audit.scan_records import ClassFact, ClassUse, ImportEdge, RawFinding
+
+Hook = Callable[[Any], None]
 
 _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
@@ -82,9 +84,44 @@ class ScanContext(ast.NodeVisitor):
         # function's qualified name by its own name.
         self.refs: list[tuple[str, str, bool]] = []
         self.defined: dict[str, list[str]] = {}
+        # `assert <False on XPU>` being visited: it raises there (its text).
+        self.asserting = ""
+        # Per function (module level first): local name -> what built it, for
+        # the rules that ask where a tensor lives ("cpu", "device", "") and its
+        # dtype ("int", "bool", "float", "").
+        self.values: list[dict[str, tuple[str, str]]] = [{}]
+        # The XPU arm of the if-chain whose test is being visited, or "".
+        self.sibling = ""
+        # Local name -> the sglang name it is bound to (`from a.b import C`:
+        # C -> a.b.C; `import a.b as m`: m -> a.b), and the tree-wide facts.
+        self.bindings: dict[str, str] = {}
+        self.classes: list[ClassFact] = []
+        self.uses: list[ClassUse] = []
+        # (decorator, backend name, factory function) of each registration.
+        self.registrations: list[tuple[str, str, str]] = []
+        # Private names other modules take from here: (module, name, guarded).
+        self.private_imports: list[tuple[str, str, bool]] = []
+        # The rules of the kinds beyond the CUDA calls hook into the one walk
+        # here; a rule installs its hooks only when the file's text can hold
+        # its finding (most files hold none), so a file pays only for its own.
+        self.on_call: list[Hook] = []
+        self.on_if: list[Hook] = []
+        self.on_compare: list[Hook] = []
+        self.on_boolop: list[Hook] = []
+        self.on_assign: list[Hook] = []
+        self.on_attribute: list[Hook] = []
+        self.on_import: list[Hook] = []
+        self.on_classdef: list[Hook] = []
 
     # --- bookkeeping -------------------------------------------------------
-    def add(self, node: ast.AST, api: str, kind: str) -> None:
+    def add(
+        self, node: ast.AST, api: str, kind: str, effect: str = "", evidence: str = ""
+    ) -> None:
+        if self.asserting and not effect:
+            # The check sits in an assert that fails on XPU: whatever the API
+            # does, the assert raises first.
+            effect = "raises"
+            evidence = f"`assert {self.asserting}` fails on XPU: AssertionError"
         self.findings.append(
             RawFinding(
                 line=getattr(node, "lineno", 0),
@@ -92,8 +129,18 @@ class ScanContext(ast.NodeVisitor):
                 api=api,
                 kind=kind,
                 guard=self.guards[-1] if self.guards else "",
+                effect=effect,
+                evidence=evidence,
             )
         )
+
+    @property
+    def function(self) -> str:
+        return ".".join(self.scope) or "<module>"
+
+    @property
+    def guard(self) -> str:
+        return self.guards[-1] if self.guards else ""
 
     def under(self, reason: str, nodes: list[ast.AST] | ast.AST) -> None:
         self.guards.append(reason)
@@ -162,8 +209,27 @@ class ScanContext(ast.NodeVisitor):
             self.conditional -= 1
 
     def visit_If(self, node: ast.If) -> None:
+        for hook in self.on_if:
+            hook(node)
         with self._conditionally():
             self._visit_if(node)
+
+    def visit_Assert(self, node: ast.Assert) -> None:
+        if xpu_truth(node.test, self.env) is not False:
+            self.generic_visit(node)
+            return
+        # `assert x.is_cuda and ...` is no guard: on XPU it raises. Its `and`
+        # chain protects nothing, and what it tests is a finding that raises.
+        outer, self.asserting = self.asserting, describe(node.test)
+        try:
+            self.generic_visit(node)
+        finally:
+            self.asserting = outer
+
+    def visit_Compare(self, node: ast.Compare) -> None:
+        for hook in self.on_compare:
+            hook(node)
+        self.generic_visit(node)
 
     def visit_For(self, node: ast.For) -> None:
         with self._conditionally():
@@ -175,7 +241,14 @@ class ScanContext(ast.NodeVisitor):
     visit_Match = visit_For
 
     def _visit_if(self, node: ast.If) -> None:
-        self.visit(node.test)
+        if self.on_compare or self.on_call:
+            outer, self.sibling = self.sibling, self._xpu_arm(node)
+            try:
+                self.visit(node.test)
+            finally:
+                self.sibling = outer
+        else:
+            self.visit(node.test)
         truth = xpu_truth(node.test, self.env)
         cond = describe(node.test)
         if truth is False:
@@ -188,6 +261,17 @@ class ScanContext(ast.NodeVisitor):
             )
         else:
             self.block(node.orelse)
+
+    def _xpu_arm(self, node: ast.If) -> str:
+        """The first later arm of this if-chain that XPU takes, or names XPU."""
+        arm = node.orelse
+        while len(arm) == 1 and isinstance(arm[0], ast.If):
+            test = arm[0].test
+            text = describe(test)
+            if xpu_truth(test, self.env) is True or "xpu" in text.lower():
+                return f"`elif {text}` (line {arm[0].lineno})"
+            arm = arm[0].orelse
+        return ""
 
     def visit_While(self, node: ast.While) -> None:
         with self._conditionally():
@@ -215,6 +299,8 @@ class ScanContext(ast.NodeVisitor):
             self.visit(node.orelse)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> None:
+        for hook in self.on_boolop:
+            hook(node)
         if isinstance(node.op, ast.Or):
             admits = [v for v in node.values if xpu_truth(v, self.env) is True]
             if admits:
@@ -226,7 +312,7 @@ class ScanContext(ast.NodeVisitor):
             self.visit(value)
             truth = xpu_truth(value, self.env)
             stops = truth is False if isinstance(node.op, ast.And) else truth is True
-            if stops:
+            if stops and not self.asserting:
                 # `_is_cuda and torch.cuda.x()`: XPU never evaluates the rest.
                 self.guards.append(f"`{describe(value)}` short-circuits on XPU")
                 pushed += 1

@@ -38,6 +38,8 @@ class DeviceScan(ScanContext):
     """`tensor-cuda` and `device-literal` findings, from calls and assignments."""
 
     def visit_Call(self, node: ast.Call) -> None:
+        for hook in self.on_call:
+            hook(node)
         func = node.func
         fname = dotted(func) or ""
         if isinstance(func, ast.Attribute) and func.attr == "is_cuda":
@@ -71,6 +73,8 @@ class DeviceScan(ScanContext):
         self.generic_visit(node)
 
     def visit_Assign(self, node: ast.Assign) -> None:
+        for hook in self.on_assign:
+            hook(node)
         if is_cuda_string(node.value) and any(
             "device" in (dotted(t) or "").lower() for t in node.targets
         ):

@@ -34,6 +34,8 @@ class ImportScan(ScanContext):
                 self.blocks = top
 
     def visit_Import(self, node: ast.Import) -> None:
+        for hook in self.on_import:
+            hook(node)
         for alias in node.names:
             if alias.name == "torch" and alias.asname:
                 self.torch_aliases.add(alias.asname)
@@ -43,13 +45,22 @@ class ImportScan(ScanContext):
             self._package_import(node, alias.name.split(".")[0])
             if alias.name.startswith("sglang"):
                 self._edge([alias.name])
+                if alias.asname:
+                    self.bindings[alias.asname] = alias.name
 
-    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+    def absolute(self, node: ast.ImportFrom) -> str:
+        """The module a `from ... import` names, relative ones resolved."""
         base = node.module or ""
         if node.level:
             parts = self.package.split(".")
             parts = parts[: len(parts) - node.level + 1] if node.level > 1 else parts
             base = ".".join(p for p in (*parts, base) if p)
+        return base
+
+    def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
+        for hook in self.on_import:
+            hook(node)
+        base = self.absolute(node)
         if base == "torch":
             for alias in node.names:
                 if alias.name == "cuda":
@@ -60,6 +71,14 @@ class ImportScan(ScanContext):
         self._package_import(node, base.split(".")[0])
         if base.startswith("sglang"):
             self._edge([base, *(f"{base}.{a.name}" for a in node.names)])
+            for alias in node.names:
+                self.bindings[alias.asname or alias.name] = f"{base}.{alias.name}"
+                if alias.name[:1] == "_" and alias.name[:2] != "__":
+                    # Another module's private helper used here: its "only
+                    # guarded code uses it" must count this module too.
+                    self.private_imports.append(
+                        (base, alias.name, bool(self.guards))
+                    )
 
     def visit_Constant(self, node: ast.Constant) -> None:
         # A string naming an sglang module (lazy registries, importlib) is a

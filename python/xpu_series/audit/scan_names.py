@@ -83,12 +83,17 @@ class NameScan(ScanContext):
             self.add(node, f"guarded-import:{node.id}", GUARDED_IMPORT)
 
     def visit_Attribute(self, node: ast.Attribute) -> None:
-        if (
-            node.attr[:1] == "_"
-            and isinstance(node.value, ast.Name)
-            and node.value.id in ("self", "cls")
-        ):
-            self._refer(node.attr)
+        for hook in self.on_attribute:
+            hook(node)
+        if node.attr[:1] == "_" and isinstance(node.value, ast.Name):
+            owner = node.value.id
+            if owner in ("self", "cls"):
+                self._refer(node.attr)
+            elif owner in self.bindings and node.attr[:2] != "__":
+                # `module._helper(...)`: another module's private name.
+                self.private_imports.append(
+                    (self.bindings[owner], node.attr, bool(self.guards))
+                )
         name = dotted(node)
         if name is not None and isinstance(node.ctx, ast.Load):
             head, _, rest = name.partition(".")

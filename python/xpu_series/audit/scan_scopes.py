@@ -23,8 +23,9 @@ OTHER_FORWARDS = frozenset(
 XPU_FORWARDS = ("forward_xpu", "forward_native")
 
 
-def _registered_backend(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
-    """`name` of a `@register_..._backend("name")` decorator, else ""."""
+def registration(node: ast.FunctionDef | ast.AsyncFunctionDef) -> tuple[str, str]:
+    """(decorator, name) of a `@register_..._backend("name")` decorator, else
+    ("", "")."""
     for deco in node.decorator_list:
         if not (isinstance(deco, ast.Call) and deco.args):
             continue
@@ -36,8 +37,8 @@ def _registered_backend(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
             and isinstance(first, ast.Constant)
             and isinstance(first.value, str)
         ):
-            return first.value
-    return ""
+            return fname, first.value
+    return "", ""
 
 
 class ScopeScan(ScanContext):
@@ -46,7 +47,13 @@ class ScopeScan(ScanContext):
     def _function(self, node: ast.FunctionDef | ast.AsyncFunctionDef) -> None:
         for deco in node.decorator_list:
             self.visit(deco)
-        backend = _registered_backend(node)
+        family, backend = registration(node)
+        if backend:
+            # Which factory a backend name runs: the tree-wide rules read the
+            # classes it builds (the backend XPU runs, computed, not listed).
+            self.registrations.append(
+                (family, backend, ".".join((*self.scope, node.name)))
+            )
         if backend and OTHER_BACKENDS.match(backend):
             # A factory registered under a backend's name runs only when a
             # user names that backend, and this one is not XPU's.
@@ -68,12 +75,14 @@ class ScopeScan(ScanContext):
         self.scope.append(node.name)
         self.defined.setdefault(node.name, []).append(".".join(self.scope))
         self.locals.append(node)
+        self.values.append({})
         self.functions += 1
         try:
             self.block(node.body)
         finally:
             self.scope.pop()
             self.locals.pop()
+            self.values.pop()
             self.functions -= 1
 
     visit_FunctionDef = _function
@@ -87,6 +96,8 @@ class ScopeScan(ScanContext):
             self.locals.pop()
 
     def visit_ClassDef(self, node: ast.ClassDef) -> None:
+        for hook in self.on_classdef:
+            hook(node)
         for item in (*node.decorator_list, *node.bases, *node.keywords):
             self.visit(item)
         self.scope.append(node.name)

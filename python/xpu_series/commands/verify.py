@@ -36,6 +36,21 @@ from xpu_series.proofs.proof import (
     outcome_key,
     store_json,
 )
+from xpu_series.proofs.record import (
+    RECORD_HINT,
+    PatchInputs,
+    ProofPlan,
+    Recorded,
+    SeriesFacts,
+    in_ci,
+    load_record,
+    patch_inputs,
+    plan_proofs,
+    prove_all_asked,
+    record_path,
+    sample_size,
+    save_record,
+)
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, Report
 from xpu_series.stack.build import ScratchRequest, build_scratch
 from xpu_series.stack.bytecode import prime
@@ -54,6 +69,9 @@ class PatchProof:
     without: Counts
     with_patch: Counts
     verdict: str  # proven | vacuous | tests-need-porting | untested | error
+    # ran (no record, or its key changed), re-proven (the record's sample, or
+    # --all), or record (unchanged, trusted from patches/proofs.json)
+    source: str = "ran"
 
     @property
     def only_errors(self) -> bool:
@@ -68,6 +86,54 @@ class PatchProof:
             "with": self.with_patch.to_json(),
             "verdict": self.verdict,
             "only_errors": self.only_errors,
+            "source": self.source,
+        }
+
+    def record_result(self) -> dict[str, Any]:
+        """What patches/proofs.json keeps of this proof."""
+        return {
+            "tests": list(self.tests),
+            "without": self.without.to_json(),
+            "with": self.with_patch.to_json(),
+            "verdict": self.verdict,
+        }
+
+    def disagreement(self, recorded: dict[str, Any]) -> str:
+        """How this proof differs from a recorded one ("" when it agrees)."""
+        then = (recorded["verdict"], recorded["without"], recorded["with"])
+        now = (self.verdict, self.without.to_json(), self.with_patch.to_json())
+        if then == now:
+            return ""
+        return (
+            f"recorded {recorded['verdict']} (without: {Counts(**recorded['without'])}"
+            f"; with: {Counts(**recorded['with'])}), now {self.verdict} (without: "
+            f"{self.without}; with: {self.with_patch})"
+        )
+
+
+@dataclass
+class RecordCheck:
+    """How a run stands to patches/proofs.json: the plan it followed, the
+    re-proofs that disagree with the record, the records that are stale (and
+    whether that fails the run: in CI, unless it records), what it recorded."""
+
+    plan: ProofPlan = field(default_factory=ProofPlan)
+    disagreements: list[str] = field(default_factory=list)
+    stale: list[str] = field(default_factory=list)
+    stale_fails: bool = False
+    recorded: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.disagreements and not (self.stale and self.stale_fails)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "kept": self.plan.keeping,
+            "seed": self.plan.seed,
+            "disagreements": self.disagreements,
+            "stale": self.stale,
+            "recorded": self.recorded,
         }
 
 
@@ -80,6 +146,7 @@ class VerifyResult:
     logs: dict[str, str] = field(default_factory=dict)
     # Runs that produced no outcome for the tests they were given: never a verdict.
     errors: list[str] = field(default_factory=list)
+    record: RecordCheck = field(default_factory=RecordCheck)
 
     @property
     def ok(self) -> bool:
@@ -88,6 +155,7 @@ class VerifyResult:
             and not self.errors
             and bool(self.proofs)
             and all(p.verdict == "proven" for p in self.proofs)
+            and self.record.ok
         )
 
     def to_json(self) -> dict[str, Any]:
@@ -96,6 +164,7 @@ class VerifyResult:
             "patches": [p.to_json() for p in self.proofs],
             "problems": self.apply.problems,
             "errors": self.errors,
+            "record": self.record.to_json(),
             "ok": self.ok,
         }
 

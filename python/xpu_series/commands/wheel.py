@@ -82,13 +82,13 @@ def execute(ctx: Context) -> Output:
     say = (lambda _line: None) if ctx.json else ctx.say
     built = build_fork_wheel(project, request, say, progress_hook(ctx))
     done = {
-        "written": "built",
-        "replaced": "built (replaced a different wheel of that name)",
-        "unchanged": "built; the same bytes were already",
+        "written": "",
+        "replaced": " (it replaced a different wheel of that name)",
+        "unchanged": " (the same bytes were there already)",
     }[built.state]
     return Output(
         out=[
-            f"{done} {built.path}",
+            f"built {built.path}{done}",
             f"version {built.version} ({len(built.patches)} patches, "
             f"{len(built.files)} files changed)",
             f"size {built.size}",

@@ -318,7 +318,8 @@ ACCEPTED = "test/accepted_mutants.toml"
 
 @dataclass
 class PatchMutants:
-    """What the mutants of one patch came to."""
+    """What the mutants of one patch came to: measured by this run, or (with
+    `recorded`) the result of its last full proof, from patches/proofs.json."""
 
     name: str
     tests: tuple[str, ...]
@@ -328,6 +329,8 @@ class PatchMutants:
     baseline: str = "survived"  # the unmutated tests: "survived" means they pass
     seconds: float = 0.0
     cached: bool = False  # outcomes of an unchanged tree, tests and mutants
+    # The record this result stands on instead of a run (see record_result).
+    recorded: dict[str, Any] | None = None
 
     @property
     def survivors(self) -> list[Mutant]:
@@ -338,38 +341,92 @@ class PatchMutants:
         return [m for m in self.survivors if m.id not in self.accepted]
 
     @property
+    def made_count(self) -> int:
+        if self.recorded is not None:
+            return int(self.recorded["made"])
+        return len(self.made)
+
+    @property
     def killed(self) -> int:
+        if self.recorded is not None:
+            return int(self.recorded["killed"])
         return sum(self.outcomes.get(m.id) in ("killed", "timeout") for m in self.made)
+
+    def survived_rows(self) -> list[dict[str, str]]:
+        """Each survivor: its id, diff, operator and the reason it is accepted."""
+        if self.recorded is not None:
+            rows = self.recorded["survived"]
+        else:
+            rows = [
+                {"id": m.id, "diff": m.diff, "operator": m.operator}
+                for m in self.survivors
+            ]
+        return [{**row, "accepted": self.accepted.get(row["id"], "")} for row in rows]
+
+    @property
+    def accepted_count(self) -> int:
+        return sum(bool(row["accepted"]) for row in self.survived_rows())
 
     @property
     def ok(self) -> bool:
+        if self.recorded is not None:
+            # Only a passing result is recorded, and the accepted survivors are
+            # part of its key: an unchanged record still passes.
+            return all(row["accepted"] for row in self.survived_rows())
         return (
             self.baseline == "survived"
             and not self.unaccepted
             and (len(self.outcomes) == len(self.made))
         )
 
+    def record_result(self) -> dict[str, Any]:
+        """What patches/proofs.json keeps of a full run: enough to tell a
+        re-proof that disagrees (the same mutants, the same survivors)."""
+        return {
+            "tests": list(self.tests),
+            "made": self.made_count,
+            "killed": self.killed,
+            "timeouts": sum(self.outcomes.get(m.id) == "timeout" for m in self.made),
+            "survived": [
+                {k: row[k] for k in ("id", "diff", "operator")}
+                for row in self.survived_rows()
+            ],
+        }
+
+    def disagreement(self, recorded: dict[str, Any]) -> str:
+        """How this run differs from a recorded one ("" when it agrees): the
+        number of mutants, or which survived. A timeout is a kill, as ever."""
+        now = {row["id"] for row in self.survived_rows()}
+        then = {row["id"] for row in recorded["survived"]}
+        if self.made_count != recorded["made"]:
+            return f"{recorded['made']} mutants recorded, {self.made_count} made now"
+        if now != then:
+            parts = []
+            if now - then:
+                parts.append("survived now: " + ", ".join(sorted(now - then)))
+            if then - now:
+                parts.append("killed now: " + ", ".join(sorted(then - now)))
+            return "; ".join(parts)
+        return ""
+
     def to_json(self) -> dict[str, object]:
         return {
             "name": self.name,
             "tests": list(self.tests),
-            "made": len(self.made),
+            "made": self.made_count,
             "killed": self.killed,
             # Of the killed: the mutants whose tests hung and were stopped.
-            "timeouts": sum(self.outcomes.get(m.id) == "timeout" for m in self.made),
-            "accepted": sum(m.id in self.accepted for m in self.survivors),
-            "survived": [
-                {
-                    "id": m.id,
-                    "diff": m.diff,
-                    "operator": m.operator,
-                    "accepted": self.accepted.get(m.id, ""),
-                }
-                for m in self.survivors
-            ],  # fmt: skip
+            "timeouts": (
+                int(self.recorded["timeouts"])
+                if self.recorded is not None
+                else sum(self.outcomes.get(m.id) == "timeout" for m in self.made)
+            ),
+            "accepted": self.accepted_count,
+            "survived": self.survived_rows(),
             "baseline_passes": self.baseline == "survived",
             "seconds": round(self.seconds, 1),
             "cached": self.cached,
+            "source": "record" if self.recorded is not None else "run",
             "ok": self.ok,
         }
 

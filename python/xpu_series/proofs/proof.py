@@ -22,6 +22,7 @@ from pathlib import Path
 
 from xpu_series.git import Git, run_command, stop_worker
 from xpu_series.project import Project
+from xpu_series.proofs.record import code_digest, environment_digest, test_inputs
 from xpu_series.stack.bytecode import prime
 
 # Bumped when what a cached outcome means changes (the plugin, the counting).
@@ -210,13 +211,19 @@ def _support_files(project: Project, tests: Iterable[str]) -> list[Path]:
 
 
 def outcome_key(project: Project, tree_id: str, tests: list[str]) -> str:
-    """Cache key of one run: the prefix's tree, the tests and what they read, and
-    the interpreter (its packages answer for the rest)."""
+    """Cache key of one run: the prefix's tree, the tests and what they read
+    (their folders, and what they import from test/), the interpreter and the
+    pinned environment, and the proof code. Everything a patch's record is
+    keyed by (record.py) is here too, so an outcome from this cache is one a
+    proof with the same inputs measured."""
     h = hashlib.sha256()
-    for part in (_CACHE_FORMAT, sys.executable, sys.version, tree_id, *tests):
+    digests = (code_digest(), environment_digest(project.root))
+    for part in (_CACHE_FORMAT, sys.executable, sys.version, *digests, tree_id, *tests):
         h.update(part.encode() + b"\0")
-    for path in _support_files(project, tests):
-        h.update(str(path.relative_to(project.root.resolve())).encode() + b"\0")
+    root = project.root.resolve()
+    files = set(_support_files(project, tests)) | set(test_inputs(root, tests))
+    for path in sorted(files):
+        h.update(str(path.relative_to(root)).encode() + b"\0")
         h.update(path.read_bytes() + b"\0")
     return h.hexdigest()
 
@@ -250,6 +257,8 @@ class Run:
     tests: list[str]
     repo: Git | None = None
     root: Path | None = None
+    # Run it even when the cache has its outcomes (a re-proof of a record).
+    fresh: bool = False
 
 
 class PrefixRunner:
@@ -360,7 +369,7 @@ class PrefixRunner:
             tree_id = repo.out("rev-parse", f"{run.commit}^{{tree}}")
             key = outcome_key(self.project, tree_id, run.tests)
             hit = None
-            if not self.fresh:
+            if not (self.fresh or run.fresh):
                 hit = self._load(key) or self._covering(tree_id, run.tests)
             if hit is not None:
                 results[label] = hit

@@ -1,5 +1,6 @@
 """MEM profiling records the active device's allocator history, not torch.cuda's."""
 
+import inspect
 import sys
 import tempfile
 import unittest
@@ -14,7 +15,7 @@ from sglang.srt.managers.scheduler_components.profiler_manager import (
     SchedulerProfilerManager,
 )
 from sglang.srt.runtime_context import get_parallel
-from sglang.srt.utils import profile_utils
+from sglang.srt.utils import common, profile_utils
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -56,9 +57,10 @@ def _cuda_not_compiled(*args, **kwargs):
 
 def device(stack: ExitStack, module) -> None:
     """Pin the device module the profilers read (`get_device_module()`, looked up
-    in profile_utils) to `module`; torch.cuda.memory raises as on an XPU build."""
+    in sglang.srt.utils.common) to `module`; torch.cuda.memory raises as on an
+    XPU build."""
     stack.enter_context(
-        mock.patch.object(profile_utils, "get_device_module", return_value=module)
+        mock.patch.object(common, "get_device_module", return_value=module)
     )
     for name in ("_record_memory_history", "_dump_snapshot"):
         stack.enter_context(
@@ -130,6 +132,7 @@ class TestMemProfilingWithoutHistory(CustomTestCase):
             )
             self.assertFalse(started.success, started.message)
             self.assertIn("MEM profiling is not supported", started.message)
+            self.assertIn("no allocator history", started.message)
             self.assertFalse(profiler.profile_in_progress)
             # Nothing was started, so nothing claims to be running.
             stopped = profiler._profile(request(ProfileReqType.STOP_PROFILE, out))
@@ -191,7 +194,7 @@ class TestProfileManagerV2Memory(CustomTestCase):
     """The same through SGLANG_PROFILE_V2's profiler (`_ProfilerMemory`)."""
 
     def make(self, out: str):
-        return profile_utils._ProfilerMemory(
+        kwargs = dict(
             output_dir=out,
             output_prefix="v2",
             output_suffix="",
@@ -199,6 +202,11 @@ class TestProfileManagerV2Memory(CustomTestCase):
             cpu_group=None,
             first_rank_in_node=True,
         )
+        init = inspect.signature(profile_utils._ProfilerConcreteBase.__init__)
+        if "ps" in init.parameters:
+            # 0.5.20 hands the profilers the parallel state: the real one.
+            kwargs["ps"] = get_parallel()
+        return profile_utils._ProfilerMemory(**kwargs)
 
     def test_it_records_and_dumps_through_torch_xpu(self):
         history = _History()
