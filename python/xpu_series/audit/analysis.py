@@ -26,7 +26,15 @@ from pathlib import Path
 from typing import Any
 
 from xpu_series.audit import guards, scan
-from xpu_series.audit.effects import CUDA_ONLY_PACKAGES, Effect, effect_of
+from xpu_series.audit.classes import (
+    Hierarchy,
+    backend_findings,
+    callers_elsewhere,
+    forward_findings,
+    unquiet,
+)
+from xpu_series.audit.effects import CUDA_ONLY_PACKAGES, ApiEffect, Effect, effect_of
+from xpu_series.audit.kinds import FIXES
 from xpu_series.audit.reach import (
     blocked_modules,
     device_module,
@@ -34,7 +42,9 @@ from xpu_series.audit.reach import (
     unimportable,
 )
 from xpu_series.audit.scan import CUDA_PACKAGE, FileScan, RawFinding, scan_source
+from xpu_series.audit.scan_records import XPU_KINDS
 from xpu_series.audit.source import TreeFiles
+from xpu_series.audit.surface import Surface, judge_kernels, load_surface
 from xpu_series.audit.triage import TriageEntry, TriageIndex
 
 FORMAT = "1"
@@ -226,15 +236,29 @@ class Candidate:
     why_unreached: str = ""
 
 
-def candidates(scans: dict[str, FileScan]) -> tuple[list[Candidate], int]:
-    reached = reached_modules(scans)
+def candidates(
+    scans: dict[str, FileScan], surface: Surface | None = None
+) -> tuple[list[Candidate], int]:
+    """Each finding of the tree placed in its file, with its reach; the
+    tree-wide rules (class hierarchy, kernel surface, callers across modules)
+    add and drop theirs here. Also how many modules an XPU server imports."""
     blocked = blocked_modules(scans)
+    reached = reached_modules(scans, blocked=blocked)
+    surface = surface or load_surface()
+    tree = Hierarchy(scans)
+    derived = [backend_findings(scans, tree), forward_findings(scans, tree)]
+    taken = callers_elsewhere(scans, reached)
     out = []
     for path, file_scan in sorted(scans.items()):
         device = device_module(file_scan.module)
         why = blocked.get(file_scan.module, "")
         own = bool(unimportable(file_scan))
-        for raw in file_scan.findings:
+        found = judge_kernels(file_scan.findings, surface)
+        for extra in derived:
+            found += extra.get(path, [])
+        if path in taken:
+            found = unquiet(found, taken[path])
+        for raw in found:
             if why and not (own and raw.kind == CUDA_PACKAGE):
                 # On XPU importing the module fails before this can run.
                 out.append(
@@ -250,9 +274,28 @@ def candidates(scans: dict[str, FileScan]) -> tuple[list[Candidate], int]:
     return out, len(reached)
 
 
+def effect_of_finding(raw: RawFinding) -> ApiEffect:
+    """The effect of a raw finding: its own (the kinds beyond the CUDA calls say
+    it per place, with its evidence), else the API's row."""
+    if raw.kind in XPU_KINDS:
+        return ApiEffect(
+            raw.api, Effect(raw.effect), raw.evidence, FIXES.get(raw.kind, "")
+        )
+    info = effect_of(raw.api)
+    if raw.effect and raw.effect != info.effect:
+        # An assert that fails on XPU raises before the API does anything.
+        return ApiEffect(
+            raw.api,
+            Effect(raw.effect),
+            f"{raw.evidence}; {info.what}",
+            info.replacement,
+        )
+    return info
+
+
 def _live(candidate: Candidate) -> bool:
     """Reached, unguarded, and not an API that behaves on XPU."""
-    effect = effect_of(candidate.raw.api).effect
+    effect = effect_of_finding(candidate.raw).effect
     return candidate.reached and not candidate.raw.guard and effect != Effect.HARMLESS
 
 
@@ -277,7 +320,7 @@ def judge(
         identity = (cand.file, raw.function, raw.api)
         occurrence = seen[identity]
         seen[identity] += 1
-        info = effect_of(raw.api)
+        info = effect_of_finding(raw)
         if info.effect == Effect.HARMLESS:
             verdict, reason = HARMLESS, info.what
         elif not cand.reached:

@@ -85,9 +85,7 @@ class Hierarchy:
         return key.rsplit(".", 1)[-1]
 
 
-def _registered(
-    scans: Mapping[str, FileScan], tree: Hierarchy
-) -> dict[str, set[str]]:
+def _registered(scans: Mapping[str, FileScan], tree: Hierarchy) -> dict[str, set[str]]:
     """Attention backend name -> the classes its registered factory builds."""
     out: dict[str, set[str]] = {}
     for scan in scans.values():
@@ -210,7 +208,9 @@ def forward_findings(
                     lacking[key] = lacks_xpu_forward(tree, key)
                 if lacking[key]:
                     where = tree.classes[key][0].removeprefix("python/")
-                    out.setdefault(path, []).append(_build_finding(use, key, where, lacking[key], tree))
+                    out.setdefault(path, []).append(
+                        _build_finding(use, key, where, lacking[key], tree)
+                    )
     return out
 
 
@@ -269,7 +269,11 @@ def unquiet(findings: list[RawFinding], taken: set[str]) -> list[RawFinding]:
     for raw in findings:
         if raw.guard.endswith(_QUIET):
             owner = next(
-                (t for t in taken if raw.function == t or raw.function.startswith(t + ".")),
+                (
+                    t
+                    for t in taken
+                    if raw.function == t or raw.function.startswith(t + ".")
+                ),
                 "",
             )
             if owner:

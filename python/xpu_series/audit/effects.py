@@ -31,6 +31,9 @@ class Effect(StrEnum):
     WRONG_DEVICE = "wrong-device"  # names CUDA where the XPU device is meant
     SKIPS_XPU = "skips-xpu"  # a CUDA test that is False for an XPU tensor
     HARMLESS = "harmless"  # behaves on XPU too (is_available() -> False, a module)
+    # The kinds beyond the CUDA calls (each finding carries its own evidence).
+    WRONG_RESULT = "wrong-result"  # runs and answers wrongly (xccl's integer MIN)
+    FEATURE_OFF = "feature-off"  # what the user asked for is silently not done
 
 
 class Basis(StrEnum):

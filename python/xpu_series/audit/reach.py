@@ -121,10 +121,13 @@ def reached_modules(
     scans: Mapping[str, FileScan],
     roots: Iterable[str] = ROOTS,
     root_packages: Iterable[str] = ROOT_PACKAGES,
+    blocked: Mapping[str, str] | None = None,
 ) -> set[str]:
-    """The modules (by name) an XPU server can import, from `scans` by path."""
+    """The modules (by name) an XPU server can import, from `scans` by path
+    (`blocked`: blocked_modules(scans), when the caller has it already)."""
     modules = {scan.module: scan for scan in scans.values()}
-    blocked = blocked_modules(scans)
+    if blocked is None:
+        blocked = blocked_modules(scans)
     packages = tuple(f"{p}." for p in root_packages)
     todo = [m for m in roots if m in modules]
     todo += [m for m in modules if m.startswith(packages)]

@@ -61,7 +61,7 @@ _TENSOR_KEYWORDS = ("tensor", "flags", "data", "input_", "input")
 
 
 def _dtype_of(node: ast.AST | None) -> str:
-    """"int", "bool", "float" or "" for a `torch.<dtype>` expression."""
+    """ "int", "bool", "float" or "" for a `torch.<dtype>` expression."""
     name = (dotted(node) or "").rsplit(".", 1)[-1] if node is not None else ""
     if name == "bool":
         return "bool"

@@ -76,9 +76,7 @@ class ImportScan(ScanContext):
                 if alias.name[:1] == "_" and alias.name[:2] != "__":
                     # Another module's private helper used here: its "only
                     # guarded code uses it" must count this module too.
-                    self.private_imports.append(
-                        (base, alias.name, bool(self.guards))
-                    )
+                    self.private_imports.append((base, alias.name, bool(self.guards)))
 
     def visit_Constant(self, node: ast.Constant) -> None:
         # A string naming an sglang module (lazy registries, importlib) is a

@@ -18,7 +18,9 @@ from xpu_series.audit.guards import dotted
 from xpu_series.audit.scan_context import ScanContext
 from xpu_series.audit.scan_records import IPC
 
-TRIGGER = re.compile(rb"ForkingPickler|reductions|_share_cuda_|_new_shared_cuda|cudaIpc")
+TRIGGER = re.compile(
+    rb"ForkingPickler|reductions|_share_cuda_|_new_shared_cuda|cudaIpc"
+)
 _TORCH_ISSUES = (
     "https://github.com/sgl-project/sglang/pull/40720, "
     "https://github.com/intel/torch-xpu-ops/issues/5406"
@@ -70,12 +72,16 @@ class IpcScan(ScanContext):
             owner = func.value
             inner = owner.func if isinstance(owner, ast.Call) else owner
             if (dotted(inner) or "").rsplit(".", 1)[-1] == "ForkingPickler":
-                self.add(node, f"ForkingPickler.{final}", IPC, "raises", EVIDENCE["pickle"])
+                self.add(
+                    node, f"ForkingPickler.{final}", IPC, "raises", EVIDENCE["pickle"]
+                )
             return
         if "reduce_tensor" in final and (
             "reductions." in name or final in self.reducers
         ):
-            self.add(node, "reductions.reduce_tensor", IPC, "raises", EVIDENCE["reduce"])
+            self.add(
+                node, "reductions.reduce_tensor", IPC, "raises", EVIDENCE["reduce"]
+            )
         elif final in ("_share_cuda_", "_new_shared_cuda"):
             self.add(node, f"Storage.{final}", IPC, "raises", EVIDENCE["handle"])
         elif final in ("cudaIpcGetMemHandle", "cudaIpcOpenMemHandle"):

@@ -112,32 +112,6 @@ class PatchProof:
 
 
 @dataclass
-class RecordCheck:
-    """How a run stands to patches/proofs.json: the plan it followed, the
-    re-proofs that disagree with the record, the records that are stale (and
-    whether that fails the run: in CI, unless it records), what it recorded."""
-
-    plan: ProofPlan = field(default_factory=ProofPlan)
-    disagreements: list[str] = field(default_factory=list)
-    stale: list[str] = field(default_factory=list)
-    stale_fails: bool = False
-    recorded: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.disagreements and not (self.stale and self.stale_fails)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "kept": self.plan.keeping,
-            "seed": self.plan.seed,
-            "disagreements": self.disagreements,
-            "stale": self.stale,
-            "recorded": self.recorded,
-        }
-
-
-@dataclass
 class VerifyResult:
     """All verdicts, plus the apply report the prefixes came from."""
 
@@ -188,129 +162,71 @@ def judge(without: Counts, with_patch: Counts) -> str:
     return "proven"
 
 
-def select(names: list[str], wanted: list[str]) -> list[int]:
-    """Indexes (1-based) of the patches `wanted` names: a file name, its stem, or
-    its number.
-
-    >>> select(["0001-a.patch", "0002-b.patch"], ["0002", "0001-a"])
-    [1, 2]
-    """
-    if not wanted:
-        return list(range(1, len(names) + 1))
-    chosen: set[int] = set()
-    for word in wanted:
-        hits = [
-            i
-            for i, name in enumerate(names, start=1)
-            if word in (name, name.removesuffix(".patch"), name[:4])
-            or (word.isdigit() and name[:4].isdigit() and int(word) == int(name[:4]))
-        ]
-        if not hits:
-            raise UsageError(
-                f"no patch in the series is called {word!r}",
-                hint="name a patch as in patches/series, its stem, or its number",
-            )
-        chosen.update(hits)
-    return sorted(chosen)
-
-
-@dataclass
-class SeriesPrefixes:
-    """The series applied once in build/verify/tree: commit k is upstream plus
-    patches 1..k (prefix 0 is upstream alone); shared by verify and --mutants."""
-
-    project: Project
-    report: Report
-    git: Git
-    root: Path
-    names: list[str]
-    commits: list[str]
-    tests: list[tuple[str, ...]]
-
-    def require_tests(self, chosen: list[int]) -> None:
-        for k in chosen:
-            spec = self.tests[k - 1]
-            root = self.project.root
-            missing = [t for t in spec if not (root / t.split("::")[0]).exists()]
-            if missing:
-                raise XpuSeriesError(
-                    f"{self.names[k - 1]} names tests that do not exist: "
-                    f"{', '.join(missing)}",
-                    hint="fix the Tests: field in the patch's commit message, "
-                    "then refresh",
-                )
-
-
-# Where `verify --mutants` applies the series and keeps its worktrees.
-MUTANTS_FOLDER = "mutants"
-
-
-def series_prefixes(project: Project, folder: str = "verify") -> SeriesPrefixes:
-    """The series applied in build/<folder>/tree: verify's proofs and its
-    mutant runs each have their own (and lock it), so they can run side by
-    side."""
-    root = project.build_dir / folder
-    report = build_scratch(project, ScratchRequest(tree=root / "tree"))
-    assert isinstance(report, Report)  # a scratch tree always gives a report
-    git = Git(root / "tree")
-    series = project.series()
-    commits: list[str] = []
-    if report.ok:
-        commits = [git.out("rev-parse", UPSTREAM_TAG)]
-        for outcome in report.patches:
-            commits.append(outcome.commit or commits[-1])
-    return SeriesPrefixes(
-        project,
-        report,
-        git,
-        root,
-        [p.name for p in series.patches],
-        commits,
-        [tuple(p.header.tests) for p in series.patches],
-    )
-
-
 def run_verify(
     project: Project,
     jobs: int = 2,
     patches: list[str] | None = None,
     fresh: bool = False,
     say: Callable[[str], None] | None = None,
+    proving: Proving | None = None,
 ) -> VerifyResult:
-    """Apply the series once, then run patch k's tests at prefixes k-1 and k."""
+    """Apply the series once, then run patch k's tests at prefixes k-1 and k:
+    each patch whose record is missing or stale, and the run's sample of the
+    unchanged ones (all of them with `proving.everything`)."""
+    proving = proving or Proving()
     prefixes = series_prefixes(project)
     result = VerifyResult(apply=prefixes.report)
     if not prefixes.report.ok:
         return result
-    git, root = prefixes.git, prefixes.root
     names, prefix, tests = prefixes.names, prefixes.commits, prefixes.tests
     chosen = select(names, patches or [])
     prefixes.require_tests(chosen)
-    # Patch k's tests run at prefix k-1 (must fail) and prefix k (must pass); one
-    # pytest process per prefix runs everything that prefix owes.
-    work: dict[int, list[str]] = {}
-    for k in chosen:
-        for at in (k - 1, k):
-            wanted = work.setdefault(at, [])
-            wanted += [t for t in tests[k - 1] if t not in wanted]
-    work = {k: v for k, v in work.items() if v}
-    if not work:
-        result.proofs = [
-            PatchProof(names[k - 1], (), Counts(), Counts(), "untested") for k in chosen
-        ]
-        return result
-    runner = PrefixRunner(project, git, root, jobs, fresh, say)
-    runs = {f"prefix-{k}": Run(prefix[k], wanted) for k, wanted in sorted(work.items())}
-    by_label = runner.run(runs)
-    result.logs = runner.logs
-    outcomes = {k: by_label.get(f"prefix-{k}", {}) for k in work}
+    plan, inputs, recorded = prefixes.plan(
+        "verify", chosen, bool(patches), proving.everything, proving.seed
+    )
+    result.record.plan = plan
+    if say is not None and plan.describe(names):
+        say(plan.describe(names))
+    again = set(plan.reprove)
+    ran = [k for k in chosen if k in plan.prove or k in again]
+    # Patch k's tests run at prefix k-1 (must fail) and prefix k (must pass),
+    # each in a pytest run of their own: what a patch's proof measured depends
+    # on nothing but its own inputs (the record's key), never on which other
+    # patches' tests shared its process. A re-proof never reads the cache.
+    at_prefix = [at for k in ran if tests[k - 1] for at in (k - 1, k)]
+    labels: dict[tuple[int, int], str] = {}
+    runs: dict[str, Run] = {}
+    for k in ran:
+        for at in (k - 1, k) if tests[k - 1] else ():
+            label = f"prefix-{at}"
+            if at_prefix.count(at) > 1:
+                label += f" for {names[k - 1][:4]}"
+            labels[(k, at)] = label
+            runs[label] = Run(prefix[at], list(tests[k - 1]), fresh=k in again)
+    by_label: dict[str, dict[str, str]] = {}
+    if runs:
+        runner = PrefixRunner(project, prefixes.git, prefixes.root, jobs, fresh, say)
+        by_label = runner.run(runs)
+        result.logs = runner.logs
     for k in chosen:
         name, spec = names[k - 1], tests[k - 1]
-        if not spec:
-            result.proofs.append(PatchProof(name, (), Counts(), Counts(), "untested"))
+        if k in plan.trusted:
+            kept = recorded[name].result
+            result.proofs.append(
+                PatchProof(
+                    name, spec, Counts(**kept["without"]), Counts(**kept["with"]),
+                    kept["verdict"], "record",
+                )  # fmt: skip
+            )
             continue
-        without = count(outcomes.get(k - 1, {}), spec)
-        with_patch = count(outcomes.get(k, {}), spec)
+        source = "re-proven" if k in again else "ran"
+        if not spec:
+            result.proofs.append(
+                PatchProof(name, (), Counts(), Counts(), "untested", source)
+            )
+            continue
+        without = count(by_label.get(labels[(k, k - 1)], {}), spec)
+        with_patch = count(by_label.get(labels[(k, k)], {}), spec)
         empty = [
             at for at, counts in ((k - 1, without), (k, with_patch)) if not counts.total
         ]
@@ -319,14 +235,29 @@ def run_verify(
             for at in empty:
                 result.errors.append(
                     f"{name}: the run at prefix {at} ({_prefix_name(names, at)}) "
-                    f"produced no outcome for {', '.join(spec)}; "
-                    f"pytest said:\n{_tail(result.logs.get(f'prefix-{at}', ''))}"
+                    f"produced no outcome for {', '.join(spec)}; pytest said:\n"
+                    f"{_tail(result.logs.get(labels[(k, at)], ''))}"
                 )
-            result.proofs.append(PatchProof(name, spec, without, with_patch, "error"))
-            continue
+            verdict = "error"
+        else:
+            verdict = judge(without, with_patch)
         result.proofs.append(
-            PatchProof(name, spec, without, with_patch, judge(without, with_patch))
+            PatchProof(name, spec, without, with_patch, verdict, source)
         )
+    proofs = {p.name: p for p in result.proofs}
+    check_record(
+        result.record, names, recorded, proving,
+        {n: p.disagreement for n, p in proofs.items()},
+    )  # fmt: skip
+    if proving.record and result.ok:
+        proven = {
+            names[k - 1]: Recorded(
+                dict(inputs[k].digests), proofs[names[k - 1]].record_result()
+            )
+            for k in ran
+        }
+        save_record(project.patches_dir, "verify", names, proven)
+        result.record.recorded = sorted(proven)
     return result
 
 
@@ -336,159 +267,6 @@ def _tail(log: str) -> str:
 
 def _prefix_name(names: list[str], k: int) -> str:
     return "upstream only" if k == 0 else f"upstream + patches up to {names[k - 1]}"
-
-
-@dataclass
-class MutantsResult:
-    """verify --mutants: per patch, its mutants and what its tests made of them."""
-
-    apply: Report
-    patches: list[PatchMutants] = field(default_factory=list)
-    seconds: float = 0.0
-
-    @property
-    def ok(self) -> bool:
-        return self.apply.ok and all(p.ok for p in self.patches)
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "patches": [p.to_json() for p in self.patches],
-            "problems": self.apply.problems,
-            "seconds": round(self.seconds, 1),
-            "ok": self.ok,
-        }
-
-
-# The least time a mutant's run gets; the worker gives more when the tests need
-# it (three times their unmutated time plus slack).
-MUTANT_TIMEOUT_FLOOR_S = 10.0
-
-
-def mutants_key(
-    project: Project, tree_id: str, tests: tuple[str, ...], made: list[Mutant]
-) -> str:
-    """What one patch's mutant outcomes depend on: the outcome key of its tests
-    on its tree, every mutant's text, the worker and the timeout floor."""
-    h = hashlib.sha256(outcome_key(project, tree_id, list(tests)).encode())
-    h.update(Path(mutant_worker.__file__).read_bytes())
-    h.update(str(MUTANT_TIMEOUT_FLOOR_S).encode())
-    for mutant in made:
-        h.update(f"\0{mutant.id}\0{mutant.path}\0".encode())
-        h.update(mutant.code.encode())
-    return h.hexdigest()
-
-
-def run_mutants(
-    project: Project,
-    jobs: int = 2,
-    patches: list[str] | None = None,
-    only: str = "",
-    fresh: bool = False,
-    say: Callable[[str], None] | None = None,
-) -> MutantsResult:
-    """Mutate the lines each patch adds; its tests must fail on every mutant.
-
-    One interpreter per patch (heavy imports once), one fork per mutant. A
-    patch whose tree, tests and mutants are unchanged answers from the cache.
-    `say` hears a line per finished patch and per batch of mutants.
-    """
-    start = time.monotonic()
-    prefixes = series_prefixes(project, MUTANTS_FOLDER)
-    result = MutantsResult(apply=prefixes.report)
-    if not prefixes.report.ok:
-        return result
-    chosen = select(prefixes.names, patches or [])
-    prefixes.require_tests(chosen)
-    accepted = load_accepted(project.root)
-    git, commits = prefixes.git, prefixes.commits
-    work: list[tuple[int, PatchMutants, str]] = []
-    carried = project.series().patches
-    cache = project.cache_dir / "mutants"
-    for k in chosen:
-        name = prefixes.names[k - 1]
-        tests = tuple(carried[k - 1].header.fast_tests)
-        made = patch_mutants(git, commits[k - 1], commits[k])
-        if only:
-            made = [m for m in made if m.id == only]
-        reasons = {i: r for (n, i), r in accepted.items() if n == name}
-        entry = PatchMutants(name, tests, made, {}, reasons)
-        result.patches.append(entry)
-        if tests and made:
-            tree_id = git.out("rev-parse", f"{commits[k]}^{{tree}}")
-            key = mutants_key(project, tree_id, tests, made)
-            saved = None if fresh else load_outcomes(cache, key)
-            if saved is not None:
-                entry.baseline, entry.outcomes = "survived", saved
-                entry.cached = True
-            else:
-                work.append((k, entry, key))
-        elif made:
-            entry.baseline = "untested"
-    if only and not any(p.made for p in result.patches):
-        raise UsageError(
-            f"no mutant {only!r} in {', '.join(p.name for p in result.patches)}",
-            hint="copy the id from the survivor's line of 'verify --mutants'",
-        )
-    tell = say or (lambda _line: None)
-    lock = threading.Lock()
-    finished = [sum(p.cached for p in result.patches)]
-    for entry in result.patches:
-        if entry.cached:
-            tell(f"{entry.name}: {len(entry.made)} mutants, outcomes from the cache")
-    if work:
-        pool = Worktrees(git, prefixes.root, min(max(1, jobs), len(work)))
-        total = len([p for p in result.patches if p.tests and p.made])
-
-        def job(k: int, entry: PatchMutants, key: str) -> None:
-            worktree = pool.take()
-            ran = [0, 0]  # mutants run, killed
-
-            def heard(row: dict[str, Any]) -> None:
-                if row["id"] == "baseline":
-                    return
-                ran[0] += 1
-                ran[1] += row["outcome"] != "survived"
-                if ran[0] % MUTANT_BATCH == 0 and ran[0] < len(entry.made):
-                    tell(
-                        f"{entry.name}: {ran[0]}/{len(entry.made)} mutants run, "
-                        f"{ran[1]} killed ({_elapsed(start)})"
-                    )
-
-            try:
-                Git(worktree).run("checkout", "-q", "-f", "--detach", commits[k])
-                prime(Git(worktree), project.cache_dir)
-                entry.baseline, entry.outcomes, entry.seconds = run_worker(
-                    project.root, worktree, entry.tests, entry.made,
-                    MUTANT_TIMEOUT_FLOOR_S, heard,
-                )  # fmt: skip
-            finally:
-                pool.give(worktree)
-            if entry.baseline == "survived" and len(entry.outcomes) == len(entry.made):
-                # Only a complete run with passing unmutated tests is remembered.
-                store_json(cache, key, {"outcomes": entry.outcomes})
-            with lock:
-                finished[0] += 1
-                tell(
-                    f"{entry.name}: {len(entry.made)} mutants, {entry.killed} killed, "
-                    f"{len(entry.survivors)} survived in {entry.seconds:.0f}s "
-                    f"[{finished[0]}/{total} patches, {_elapsed(start)}]"
-                )
-
-        # The biggest patches first, so the pool ends together.
-        work.sort(key=lambda item: -len(item[1].made))
-        with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
-            for future in [executor.submit(job, *item) for item in work]:
-                future.result()
-    result.seconds = time.monotonic() - start
-    return result
-
-
-# A progress line after every this many mutants of one patch.
-MUTANT_BATCH = 10
-
-
-def _elapsed(start: float) -> str:
-    return f"{time.monotonic() - start:.0f}s elapsed"
 
 
 def _render_mutants(out: Output, result: MutantsResult) -> None:

@@ -1,6 +1,6 @@
 """MEM profiling records the active device's allocator history, not torch.cuda's."""
 
-import inspect
+import dataclasses
 import sys
 import tempfile
 import unittest
@@ -10,12 +10,16 @@ from types import SimpleNamespace
 from unittest import mock
 
 import torch
+from sglang.srt.environ import envs
 from sglang.srt.managers.io_struct import ProfileReq, ProfileReqType
+from sglang.srt.managers.schedule_batch import ScheduleBatch
+from sglang.srt.managers.scheduler_components import profiler_manager
 from sglang.srt.managers.scheduler_components.profiler_manager import (
     SchedulerProfilerManager,
 )
-from sglang.srt.runtime_context import get_parallel
-from sglang.srt.utils import common, profile_utils
+from sglang.srt.model_executor.forward_batch_info import ForwardMode
+from sglang.srt.runtime_context import get_context, get_parallel
+from sglang.srt.utils import profile_utils
 from sglang.test.ci.ci_register import register_cpu_ci
 from sglang.test.test_utils import CustomTestCase
 
@@ -57,15 +61,28 @@ def _cuda_not_compiled(*args, **kwargs):
 
 def device(stack: ExitStack, module) -> None:
     """Pin the device module the profilers read (`get_device_module()`, looked up
-    in sglang.srt.utils.common) to `module`; torch.cuda.memory raises as on an
-    XPU build."""
+    in profile_utils) to `module`; torch.cuda.memory raises as on an XPU build."""
+    # create: a release without the fix has no such name there, and must then
+    # fail on what it does (torch.cuda.memory), not on this pin.
     stack.enter_context(
-        mock.patch.object(common, "get_device_module", return_value=module)
+        mock.patch.object(
+            profile_utils, "get_device_module", return_value=module, create=True
+        )
     )
     for name in ("_record_memory_history", "_dump_snapshot"):
         stack.enter_context(
             mock.patch.object(torch.cuda.memory, name, _cuda_not_compiled)
         )
+
+
+def parallel_state():
+    """The parallel state a one-process run hands the profilers: 0.5.20 passes a
+    ParallelState in; later releases read get_parallel() (see single_rank())."""
+    try:
+        from sglang.srt.distributed.parallel_state_wrapper import ParallelState
+    except ImportError:
+        return get_parallel()
+    return ParallelState.trivial()
 
 
 def manager(output_dir: str, activities=("MEM",)) -> SchedulerProfilerManager:
@@ -81,9 +98,7 @@ def manager(output_dir: str, activities=("MEM",)) -> SchedulerProfilerManager:
         merge_profiles=False,
         detailed_annotations=False,
         profile_in_progress=False,
-        # Older releases read the ranks through the manager's parallel state:
-        # the real one, which answers with single_rank()'s values.
-        ps=get_parallel(),
+        ps=parallel_state(),
     )
 
 
@@ -190,53 +205,81 @@ class TestStopWithoutMem(CustomTestCase):
             self.assertEqual(history.calls, [])
 
 
-class TestProfileManagerV2Memory(CustomTestCase):
-    """The same through SGLANG_PROFILE_V2's profiler (`_ProfilerMemory`)."""
+def v2_manager(stack: ExitStack) -> SchedulerProfilerManager:
+    """The scheduler's profiler under SGLANG_PROFILE_V2, as the scheduler makes it.
 
-    def make(self, out: str):
-        kwargs = dict(
-            output_dir=out,
-            output_prefix="v2",
-            output_suffix="",
-            profile_id="mem",
-            cpu_group=None,
-            first_rank_in_node=True,
+    A one-process run has no TP group: its CPU group is None, as the profilers
+    only wait on it for traces, not for MEM."""
+    stack.enter_context(envs.SGLANG_PROFILE_V2.override(True))
+    stack.enter_context(get_context().override_server_args(device="cpu"))
+    stack.enter_context(
+        mock.patch.object(
+            profiler_manager,
+            "get_dp_tp_group",
+            return_value=SimpleNamespace(cpu_group=None),
+            create=True,  # 0.5.20 and 0.5.21 take the group as a field
         )
-        init = inspect.signature(profile_utils._ProfilerConcreteBase.__init__)
-        if "ps" in init.parameters:
-            # 0.5.20 hands the profilers the parallel state: the real one.
-            kwargs["ps"] = get_parallel()
-        return profile_utils._ProfilerMemory(**kwargs)
+    )
+    facts = dict(get_forward_ct=lambda: 0, dp_tp_cpu_group=None, ps=parallel_state())
+    fields = [f.name for f in dataclasses.fields(SchedulerProfilerManager) if f.init]
+    return SchedulerProfilerManager(**{name: facts[name] for name in fields})
 
-    def test_it_records_and_dumps_through_torch_xpu(self):
+
+def step(profiler: SchedulerProfilerManager, mode: ForwardMode) -> None:
+    """One scheduled batch of `mode`, as the scheduler reports it to the profiler."""
+    profiler._profile_batch_predicate(standin(ScheduleBatch, forward_mode=mode))
+
+
+class TestProfileV2Memory(CustomTestCase):
+    """The same through SGLANG_PROFILE_V2: a /start_profile by stage."""
+
+    def start(self, profiler: SchedulerProfilerManager, out: str):
+        return profiler._profile(
+            ProfileReq(
+                req_type=ProfileReqType.START_PROFILE,
+                output_dir=out,
+                num_steps=1,
+                activities=["MEM"],
+                profile_by_stage=True,
+                profile_id="mem",
+            )
+        )
+
+    def test_a_prefill_stage_records_and_dumps_through_torch_xpu(self):
         history = _History()
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
             device(stack, torch.xpu)
             stack.enter_context(single_rank())
             history.watch(stack, torch.xpu.memory)
-            inner = self.make(str(Path(out) / "traces"))
-            inner.start()
+            profiler = v2_manager(stack)
+            started = self.start(profiler, out)
+            self.assertTrue(started.success, started.message)
+            step(profiler, ForwardMode.EXTEND)
             self.assertEqual([c[0] for c in history.calls], ["record"])
             self.assertIn("max_entries", history.calls[0][1])
-            inner.stop()
+            step(profiler, ForwardMode.EXTEND)
+            step(profiler, ForwardMode.EXTEND)  # past num_steps: the stage ends
             self.assertEqual(
                 [c[0] for c in history.calls], ["record", "dump", "record"]
             )
             self.assertEqual(history.calls[2][1], {"enabled": None})
             dumped = Path(history.calls[1][1])
-            self.assertTrue(dumped.name.startswith("v2-"), dumped.name)
+            self.assertEqual(dumped.parent, Path(out))
+            self.assertTrue(dumped.name.endswith("-prefill.pickle"), dumped.name)
             self.assertEqual(dumped.read_bytes(), b"snapshot")
 
     def test_without_history_it_warns_and_writes_nothing(self):
         with ExitStack() as stack, tempfile.TemporaryDirectory() as out:
             device(stack, torch.cpu)
             stack.enter_context(single_rank())
-            inner = self.make(str(Path(out) / "traces"))
+            profiler = v2_manager(stack)
+            self.start(profiler, out)
             with self.assertLogs(level="WARNING") as logs:
-                inner.start()
+                step(profiler, ForwardMode.EXTEND)
             self.assertIn("MEM profiling is not supported", "\n".join(logs.output))
-            inner.stop()
-            self.assertFalse((Path(out) / "traces").exists())
+            step(profiler, ForwardMode.EXTEND)
+            step(profiler, ForwardMode.EXTEND)
+            self.assertEqual(list(Path(out).iterdir()), [])
 
 
 if __name__ == "__main__":

@@ -1,0 +1,186 @@
+"""verify --mutants over a series: per patch, the mutants of the lines it adds
+(mutants.py) run against its tests in a worker of their own (mutant_worker.py),
+their outcomes cached by what they depend on, or taken from the patch's record
+when it is unchanged and not in the run's sample."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from xpu_series.errors import UsageError
+from xpu_series.git import Git
+from xpu_series.project import Project
+from xpu_series.proofs import mutant_worker
+from xpu_series.proofs.mutants import Mutant, PatchMutants, load_accepted, patch_mutants, run_worker
+from xpu_series.proofs.proof import Worktrees, load_outcomes, outcome_key, store_json
+from xpu_series.proofs.record import Recorded, save_record
+from xpu_series.proofs.series_proof import (
+    MUTANTS_FOLDER,
+    Proving,
+    RecordCheck,
+    check_record,
+    select,
+    series_prefixes,
+)
+from xpu_series.result import Report
+from xpu_series.stack.bytecode import prime
+
+
+@dataclass
+class MutantsResult:
+    """verify --mutants: per patch, its mutants and what its tests made of them."""
+
+    apply: Report
+    patches: list[PatchMutants] = field(default_factory=list)
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return self.apply.ok and all(p.ok for p in self.patches)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "patches": [p.to_json() for p in self.patches],
+            "problems": self.apply.problems,
+            "seconds": round(self.seconds, 1),
+            "ok": self.ok,
+        }
+
+
+# The least time a mutant's run gets; the worker gives more when the tests need
+# it (three times their unmutated time plus slack).
+MUTANT_TIMEOUT_FLOOR_S = 10.0
+
+
+def mutants_key(
+    project: Project, tree_id: str, tests: tuple[str, ...], made: list[Mutant]
+) -> str:
+    """What one patch's mutant outcomes depend on: the outcome key of its tests
+    on its tree, every mutant's text, the worker and the timeout floor."""
+    h = hashlib.sha256(outcome_key(project, tree_id, list(tests)).encode())
+    h.update(Path(mutant_worker.__file__).read_bytes())
+    h.update(str(MUTANT_TIMEOUT_FLOOR_S).encode())
+    for mutant in made:
+        h.update(f"\0{mutant.id}\0{mutant.path}\0".encode())
+        h.update(mutant.code.encode())
+    return h.hexdigest()
+
+
+def run_mutants(
+    project: Project,
+    jobs: int = 2,
+    patches: list[str] | None = None,
+    only: str = "",
+    fresh: bool = False,
+    say: Callable[[str], None] | None = None,
+) -> MutantsResult:
+    """Mutate the lines each patch adds; its tests must fail on every mutant.
+
+    One interpreter per patch (heavy imports once), one fork per mutant. A
+    patch whose tree, tests and mutants are unchanged answers from the cache.
+    `say` hears a line per finished patch and per batch of mutants.
+    """
+    start = time.monotonic()
+    prefixes = series_prefixes(project, MUTANTS_FOLDER)
+    result = MutantsResult(apply=prefixes.report)
+    if not prefixes.report.ok:
+        return result
+    chosen = select(prefixes.names, patches or [])
+    prefixes.require_tests(chosen)
+    accepted = load_accepted(project.root)
+    git, commits = prefixes.git, prefixes.commits
+    work: list[tuple[int, PatchMutants, str]] = []
+    carried = project.series().patches
+    cache = project.cache_dir / "mutants"
+    for k in chosen:
+        name = prefixes.names[k - 1]
+        tests = tuple(carried[k - 1].header.fast_tests)
+        made = patch_mutants(git, commits[k - 1], commits[k])
+        if only:
+            made = [m for m in made if m.id == only]
+        reasons = {i: r for (n, i), r in accepted.items() if n == name}
+        entry = PatchMutants(name, tests, made, {}, reasons)
+        result.patches.append(entry)
+        if tests and made:
+            tree_id = git.out("rev-parse", f"{commits[k]}^{{tree}}")
+            key = mutants_key(project, tree_id, tests, made)
+            saved = None if fresh else load_outcomes(cache, key)
+            if saved is not None:
+                entry.baseline, entry.outcomes = "survived", saved
+                entry.cached = True
+            else:
+                work.append((k, entry, key))
+        elif made:
+            entry.baseline = "untested"
+    if only and not any(p.made for p in result.patches):
+        raise UsageError(
+            f"no mutant {only!r} in {', '.join(p.name for p in result.patches)}",
+            hint="copy the id from the survivor's line of 'verify --mutants'",
+        )
+    tell = say or (lambda _line: None)
+    lock = threading.Lock()
+    finished = [sum(p.cached for p in result.patches)]
+    for entry in result.patches:
+        if entry.cached:
+            tell(f"{entry.name}: {len(entry.made)} mutants, outcomes from the cache")
+    if work:
+        pool = Worktrees(git, prefixes.root, min(max(1, jobs), len(work)))
+        total = len([p for p in result.patches if p.tests and p.made])
+
+        def job(k: int, entry: PatchMutants, key: str) -> None:
+            worktree = pool.take()
+            ran = [0, 0]  # mutants run, killed
+
+            def heard(row: dict[str, Any]) -> None:
+                if row["id"] == "baseline":
+                    return
+                ran[0] += 1
+                ran[1] += row["outcome"] != "survived"
+                if ran[0] % MUTANT_BATCH == 0 and ran[0] < len(entry.made):
+                    tell(
+                        f"{entry.name}: {ran[0]}/{len(entry.made)} mutants run, "
+                        f"{ran[1]} killed ({_elapsed(start)})"
+                    )
+
+            try:
+                Git(worktree).run("checkout", "-q", "-f", "--detach", commits[k])
+                prime(Git(worktree), project.cache_dir)
+                entry.baseline, entry.outcomes, entry.seconds = run_worker(
+                    project.root, worktree, entry.tests, entry.made,
+                    MUTANT_TIMEOUT_FLOOR_S, heard,
+                )  # fmt: skip
+            finally:
+                pool.give(worktree)
+            if entry.baseline == "survived" and len(entry.outcomes) == len(entry.made):
+                # Only a complete run with passing unmutated tests is remembered.
+                store_json(cache, key, {"outcomes": entry.outcomes})
+            with lock:
+                finished[0] += 1
+                tell(
+                    f"{entry.name}: {len(entry.made)} mutants, {entry.killed} killed, "
+                    f"{len(entry.survivors)} survived in {entry.seconds:.0f}s "
+                    f"[{finished[0]}/{total} patches, {_elapsed(start)}]"
+                )
+
+        # The biggest patches first, so the pool ends together.
+        work.sort(key=lambda item: -len(item[1].made))
+        with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
+            for future in [executor.submit(job, *item) for item in work]:
+                future.result()
+    result.seconds = time.monotonic() - start
+    return result
+
+
+# A progress line after every this many mutants of one patch.
+MUTANT_BATCH = 10
+
+
+def _elapsed(start: float) -> str:
+    return f"{time.monotonic() - start:.0f}s elapsed"
