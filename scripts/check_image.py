@@ -7,19 +7,25 @@ entrypoint, a virtualenv at /opt/venv on PATH, and sglang <V> installed into it
 from the release wheel by pip (not editable, --no-deps, with its RECORD). Its root
 filesystem is Debian's (mmdebstrap). Debian has no Python 3.12, which the official
 image has, in the release whose python3 runs the pinned cp311 wheels: bookworm's
-3.11 it is. Then, for the pin and the oldest served release (which goes through
-patches/overlay/<V>.diff), buildah builds docker/Dockerfile with the build
-arguments `scripts/xpu-serve --fork` passes, and the image is checked:
+3.11 it is (and git, which the official image has too). Then, for the pin and
+the oldest served release (which goes through patches/overlay/<V>.diff), buildah
+builds docker/Dockerfile with the build arguments `scripts/xpu-serve --fork`
+passes (FORK_INSTALL's default, overlay), and for the pin also with
+FORK_INSTALL=wheel (the fork wheel built in the build and pip-installed), and
+each image is checked:
 
-- `xpu-series overlay --status` inside it exits 0 with every file intact;
+- `xpu-series overlay --status` inside it exits 0: every file intact (overlay),
+  or no overlay at all (wheel);
 - the installed sglang reports the series' local label (`<V>+xpu.s<sha>`);
+- the `sglang.srt.plugins` entry point is found and, called, logs the line naming
+  the series and no warning; the dist-info's xpu_series.json names the series;
 - the OCI labels (version, revision, base name, series sha256) are what
   `xpu-series overlay --describe` and `git rev-parse HEAD` say;
 - the `xpu-series` launcher install-fork.sh put on PATH runs.
 
-Last, a base whose patched file differs from the release goes through the same
-build (buildah's --from swaps the FROM image), which must fail with the overlay's
-message and a non-zero exit. Everything is kept by content under
+Last, a base whose patched file differs from the release goes through the pin's
+default build (buildah's --from swaps the FROM image), which must fail with the
+overlay's message and a non-zero exit. Everything is kept by content under
 <cache>/images/: a warm run builds nothing. Without buildah or mmdebstrap it says
 so and skips; under CI=true, as root, it installs them with apt-get.
 """
@@ -58,8 +64,10 @@ from xpu_series.errors import NetworkError  # noqa: E402
 from xpu_series.project import Project  # noqa: E402
 from xpu_series.stack.wheel import FetchedWheel, fetch_wheel  # noqa: E402
 
-# bookworm: its python3 (3.11) is the one the pinned cp311 wheels are for.
-ROOTFS = RootfsSpec("bookworm", ("python3", "python3-venv"))
+# bookworm: its python3 (3.11) is the one the pinned cp311 wheels are for. git:
+# the official image has it (sglang is cloned there), and the wheel mode's build
+# applies the series with it.
+ROOTFS = RootfsSpec("bookworm", ("python3", "python3-venv", "git"))
 VENV = "/opt/venv"
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCHER = "/usr/local/bin/xpu-series"  # docker/Dockerfile: install-fork.sh --bin
@@ -71,7 +79,10 @@ CONTEXT = (
     "patches",
     "python/xpu_series",
 )
-OURS = "localhost/sglang-xpu-ci"  # content-named images: base, broken, fork
+OURS = "localhost/sglang-xpu-ci"  # content-named images: base, broken, fork, ...
+# docker/Dockerfile's FORK_INSTALL: the default first; every release gets it,
+# the pin gets the others too.
+MODES = ("overlay", "wheel")
 BROKEN_LINE = "# changed by check_image.py: a base whose file is not the release's"
 
 # Run inside the fork image by its own python3: what the checks read.
@@ -80,6 +91,14 @@ import importlib.metadata as md, importlib.util, json, os, shutil, subprocess, s
 def run(*cmd):
     p = subprocess.run(cmd, capture_output=True, text=True)
     return {"code": p.returncode, "out": p.stdout, "err": p.stderr[-2000:]}
+# As sglang loads it: the entry point of its plugin group, called.
+LOAD_PLUGIN = (
+    "import importlib.metadata as m\n"
+    "found = m.entry_points(group='sglang.srt.plugins', name='xpu_series')\n"
+    "print(len(found))\n"
+    "for ep in found:\n"
+    "    ep.load()()\n"
+)
 dist = md.distribution("sglang")
 spec = importlib.util.find_spec("sglang")
 print(json.dumps({
@@ -93,6 +112,8 @@ print(json.dumps({
     "launcher": shutil.which("xpu-series") or "",
     "tool": run("xpu-series", "--version"),
     "status": run("xpu-series", "--json", "overlay", "--status", "--python", "python3"),
+    "series_record": dist.read_text("xpu_series.json") or "",
+    "plugin": run(sys.executable, "-c", LOAD_PLUGIN),
 }))
 """
 
@@ -163,9 +184,12 @@ def bud_args(docker: list[str], tags: list[str], from_image: str = "") -> list[s
     return [*args, *kept, context]
 
 
-def judge(expected: dict[str, str], config: dict, facts: dict) -> list[str]:
+def judge(
+    expected: dict[str, str], config: dict, facts: dict, mode: str = MODES[0]
+) -> list[str]:
     """Each way the built image falls short of the fork image users get ([] if
-    none): its labels, its config, and what was read inside it."""
+    none): its labels, its config, and what was read inside it (an overlay whose
+    files are intact; for `wheel`, none: pip installed the series' files)."""
     problems = []
     labels = config.get("Labels") or {}
     for key, want in expected.items():
@@ -200,6 +224,13 @@ def judge(expected: dict[str, str], config: dict, facts: dict) -> list[str]:
             f"xpu-series overlay --status exited {status.get('code')}: "
             f"{status.get('err', '').strip()}"
         )
+    elif mode != "overlay":
+        prov = json.loads(status["out"]).get("provenance")
+        if prov:
+            problems.append(
+                f"overlay --status finds an overlay of series "
+                f"{prov.get('series_sha256')}: FORK_INSTALL={mode} writes none"
+            )
     else:
         data = json.loads(status["out"])
         prov = data.get("provenance") or {}
@@ -218,6 +249,34 @@ def judge(expected: dict[str, str], config: dict, facts: dict) -> list[str]:
         problems.append(
             f"the xpu-series on PATH is {facts.get('launcher') or 'missing'} "
             f"(exit {tool.get('code')}), not a running {LAUNCHER}"
+        )
+    return problems
+
+
+def judge_plugin(expected: dict[str, str], facts: dict) -> list[str]:
+    """Each way the series' plugin falls short in the image ([] if none): the
+    record in sglang's dist-info names the series, and the entry point, called
+    as sglang calls it, logs the one line naming the series and no warning."""
+    problems = []
+    sha = expected["io.sglang-xpu.series.sha256"]
+    try:
+        record = json.loads(facts.get("series_record") or "{}")
+    except ValueError:
+        record = {}
+    if not isinstance(record, dict) or record.get("series_sha256") != sha:
+        got = record.get("series_sha256") if isinstance(record, dict) else record
+        problems.append(f"sglang's xpu_series.json names series {got}, not {sha}")
+    plugin = facts.get("plugin") or {}
+    found = str(plugin.get("out", "")).strip()
+    said = [x for x in str(plugin.get("err", "")).splitlines() if "sglang-xpu:" in x]
+    if plugin.get("code") != 0 or found != "1":
+        problems.append(
+            f"the sglang.srt.plugins entry point xpu_series: {found or 'none'} "
+            f"found (exit {plugin.get('code')})"
+        )
+    elif len(said) != 1 or f"sglang-xpu: series s{sha[:12]} " not in said[0]:
+        problems.append(
+            f"the plugin says {said}, not one line naming series s{sha[:12]}"
         )
     return problems
 
@@ -307,30 +366,40 @@ class Run:
         self.say(f"{release}: base made in {time.monotonic() - start:.1f}s")
         return name
 
-    def fork(self, release: str, base: str) -> tuple[str, list[str], str]:
-        """docker/Dockerfile built as xpu-serve builds it; the image, its argv and
-        the commit git named just before xpu-serve made the argv."""
+    def fork(
+        self, release: str, base: str, mode: str
+    ) -> tuple[str, list[str], str, str]:
+        """docker/Dockerfile built as xpu-serve builds it (for a mode other than
+        the default, with its FORK_INSTALL); the image, its argv, the commit git
+        named just before xpu-serve made the argv, and the image's tag."""
         head = git_head()
         tag, docker = SERVE.fork_build(release)
+        repository = f"{OURS}/fork"
+        if mode != MODES[0]:
+            docker = [*docker[:-1], "--build-arg", f"FORK_INSTALL={mode}", docker[-1]]
+            tag, repository = f"{tag}-{mode}", f"{repository}-{mode}"
         b = self.buildah
         key = content_key(
             "fork", b.image_id(base), docker[2:], tree_digest(ROOT, CONTEXT)
         )
-        name = f"{OURS}/fork:v{release}-{key[:16]}"
-        self.say(f"{release}: the build xpu-serve --fork runs: " + " ".join(docker))
+        name = f"{repository}:v{release}-{key[:16]}"
+        say = f"{release} {mode}: "
+        self.say(f"{say}the build xpu-serve --fork runs: " + " ".join(docker))
         if b.image_id(name):
-            self.say(f"{release}: fork image {tag}: cached ({name})")
+            self.say(f"{say}fork image {tag}: cached ({name})")
             self.retag(name, tag)
-            return name, docker, head
+            return name, docker, head, tag
         start = time.monotonic()
-        code, _ = b.stream(bud_args(docker, [tag, name]), self.say, f"{release}: ")
+        code, _ = b.stream(bud_args(docker, [tag, name]), self.say, say)
         if code != 0:
             raise BuildFailed(f"building {tag} exited {code} (its output is above)")
-        self.prune(f"{OURS}/fork", f"v{release}-", name)
-        self.say(f"{release}: fork image built in {time.monotonic() - start:.1f}s")
-        return name, docker, head
+        self.prune(repository, f"v{release}-", name)
+        self.say(f"{say}fork image built in {time.monotonic() - start:.1f}s")
+        return name, docker, head, tag
 
-    def check(self, release: str, image: str, head: str) -> tuple[list[str], dict]:
+    def check(
+        self, release: str, image: str, head: str, mode: str
+    ) -> tuple[list[str], dict]:
         expected = expected_labels(release, describe(release), head)
         config = self.buildah.config(image)
         ctr = self.buildah.container(image)
@@ -339,7 +408,8 @@ class Run:
         finally:
             self.buildah.run("rm", ctr, check=False)
         facts = json.loads(probe.stdout)
-        return judge(expected, config, facts), {
+        problems = judge(expected, config, facts, mode)
+        return problems + judge_plugin(expected, facts), {
             "labels": {k: (config.get("Labels") or {}).get(k) for k in expected},
             "version": facts["version"],
             "status": json.loads(facts["status"]["out"] or "{}"),
@@ -389,7 +459,11 @@ class Run:
             )
         return problems
 
-    def release(self, release: str, python: str, broken: bool) -> list[str]:
+    def release(
+        self, release: str, python: str, modes: tuple[str, ...], broken: bool
+    ) -> list[str]:
+        """Each mode's fork image of `release` built and checked (`broken`: and
+        the default mode's build on a broken base refused)."""
         start = time.monotonic()
         try:
             wheel = fetch_wheel(
@@ -399,23 +473,37 @@ class Run:
             self.say(f"{release}: skipped: {exc.message}")
             return []
         base = self.base(release, wheel, python)
-        image, docker, head = self.fork(release, base)
-        problems, read = self.check(release, image, head)
-        self.report[release] = {"image": docker[docker.index("-t") + 1], **read}
-        for key, value in read["labels"].items():
-            self.say(f"{release}: label {key}={value}")
-        files = read["status"].get("files") or []
+        problems = []
+        for mode in modes:
+            found = self.mode(release, base, mode, broken and mode == MODES[0])
+            problems += [f"{mode}: {p}" for p in found]
+        verdict = "ok" if not problems else "FAILED"
+        self.say(f"{release}: {verdict} in {time.monotonic() - start:.1f}s")
+        return problems
+
+    def mode(self, release: str, base: str, mode: str, broken: bool) -> list[str]:
+        image, docker, head, tag = self.fork(release, base, mode)
+        problems, read = self.check(release, image, head, mode)
+        key = release if mode == MODES[0] else f"{release}-{mode}"
+        self.report[key] = {"image": tag, "mode": mode, **read}
+        say = f"{release} {mode}: "
+        for label, value in read["labels"].items():
+            self.say(f"{say}label {label}={value}")
         for problem in problems:
-            self.say(f"{release}: {problem}")
+            self.say(f"{say}{problem}")
         if not problems:
+            files = read["status"].get("files") or []
+            how = (
+                f"overlay --status: {len(files)} of {len(files)} files intact"
+                if mode == "overlay"
+                else "installed by pip, no overlay"
+            )
             self.say(
-                f"{release}: sglang {read['version']}; overlay --status: "
-                f"{len(files)} of {len(files)} files intact; {LAUNCHER} runs"
+                f"{say}sglang {read['version']}; {how}; the plugin names the "
+                f"series; {LAUNCHER} runs"
             )
         if broken and not problems:
             problems += self.broken(release, base, docker, read["status"])
-        verdict = "ok" if not problems else "FAILED"
-        self.say(f"{release}: {verdict} in {time.monotonic() - start:.1f}s")
         return problems
 
 
@@ -463,7 +551,9 @@ def main(argv: list[str] | None = None) -> int:
         python = run.python(make_rootfs(ROOTFS, run.folder / "rootfs", log))
         failed = []
         for release in releases:
-            problems = run.release(release, python, broken=release == pin.version)
+            # The pin in every mode; an older release in the default one only.
+            modes = MODES if release == pin.version else MODES[:1]
+            problems = run.release(release, python, modes, release == pin.version)
             failed += [f"{release}: {p}" for p in problems]
     except Unreachable as exc:
         log(f"skipped: {exc}")

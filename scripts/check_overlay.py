@@ -8,7 +8,10 @@ runs) overlays it, and then:
   against that installed, overlaid sglang (and it is checked that they imported it
   from there); the tests that start real servers run on the tree, in the
   `registered` and `verify` steps, not a third time here;
-- `overlay --undo` gives back every file's original sha256;
+- the overlay registers the series' plugin: importlib.metadata finds its
+  `sglang.srt.plugins` entry point in the site, and its module is there;
+- `overlay --undo` gives back every file's original sha256, and the entry point
+  and the plugin's package are gone;
 - after a second overlay, `pip uninstall sglang` still removes every file;
 - on an older release, patches/overlay/<release>.diff is what `overlay --export`
   writes from the series.
@@ -33,6 +36,12 @@ PY = ROOT / ".venv" / "bin" / "python"
 TOOL = ROOT / ".venv" / "bin" / "xpu-series"
 sys.path.insert(0, str(ROOT / "python"))
 
+from xpu_series.fork.identity import (  # noqa: E402
+    PLUGIN_GROUP,
+    PLUGIN_MODULE,
+    PLUGIN_NAME,
+    PLUGIN_PACKAGE,
+)
 from xpu_series.project import Project  # noqa: E402
 from xpu_series.stack.bytecode import prime_folder  # noqa: E402
 
@@ -78,6 +87,45 @@ def carried_tests() -> list[str]:
     return tests
 
 
+def run_carried_tests(site: Path, tests: list[str]) -> str:
+    """Run `tests` with the project's Python against the sglang installed in
+    `site` (checked to be the one they import, not build/sglang); pytest's
+    summary line."""
+    # pip may have installed without compiling; the pin's files are the primed
+    # build/sglang's, so their .pyc are cached.
+    prime_folder(site / "sglang", Project(ROOT).cache_dir)
+    env = dict(os.environ, PYTHONPATH=str(site))
+    where = run([str(PY), "-c", "import sglang; print(sglang.__file__)"], env=env)
+    if not where.stdout.strip().startswith(str(site)):
+        raise Failed(f"the tests would import sglang from {where.stdout.strip()}")
+    proc = run(
+        [str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
+        env=env,
+        cwd=ROOT,
+    )
+    return proc.stdout.strip().splitlines()[-1]
+
+
+def plugin_registered(site: Path) -> str:
+    """'' when `site` registers the series' plugin (its entry point, as
+    importlib.metadata finds it from `site` alone, and its module); else what
+    is missing."""
+    code = (
+        "import importlib.metadata as m, sys\n"
+        "found = m.entry_points(group=sys.argv[1], name=sys.argv[2])\n"
+        "print(''.join(ep.value for ep in found))\n"
+    )
+    found = run(
+        [sys.executable, "-S", "-c", code, PLUGIN_GROUP, PLUGIN_NAME],
+        env=dict(os.environ, PYTHONPATH=str(site)),
+    ).stdout.strip()
+    if found != f"{PLUGIN_PACKAGE}:announce":
+        return f"entry point {PLUGIN_GROUP} {PLUGIN_NAME} is {found or 'missing'}"
+    if not (site / PLUGIN_MODULE).is_file():
+        return f"{PLUGIN_MODULE} is missing"
+    return ""
+
+
 def fetch(release: str) -> Path | None:
     proc = subprocess.run(
         [str(TOOL), "--json", "fetch", "--upstream", release],
@@ -121,21 +169,15 @@ def check_release(release: str, wheel: Path, work: Path, tests: list[str]) -> st
     if not status["provenance"] or {f["state"] for f in status["files"]} != {"intact"}:
         raise Failed(f"{release}: overlay --status does not show an intact overlay")
     done = [f"{len(status['files'])} files, version {status['version']}"]
+    plugin = plugin_registered(site)
+    if plugin:
+        raise Failed(f"{release}: after the overlay, {plugin}")
+    done.append("plugin registered")
     if tests:
-        # pip installed without compiling (most releases run no test here); the
-        # pin's files are the primed build/sglang's, so their .pyc are cached.
-        prime_folder(site / "sglang", Project(ROOT).cache_dir)
-        env = dict(os.environ, PYTHONPATH=str(site))
-        where = run([str(PY), "-c", "import sglang; print(sglang.__file__)"], env=env)
-        if not where.stdout.strip().startswith(str(site)):
-            raise Failed(f"the tests would import sglang from {where.stdout.strip()}")
-        proc = run(
-            [str(PY), "-m", "pytest", "-q", "-p", "no:cacheprovider", *tests],
-            env=env,
-            cwd=ROOT,
-        )
-        done.append(proc.stdout.strip().splitlines()[-1])
+        done.append(run_carried_tests(site, tests))
     run([launcher, "overlay", "--undo", "--python", str(vpy)])
+    if not plugin_registered(site) or (site / PLUGIN_PACKAGE).exists():
+        raise Failed(f"{release}: after --undo, the plugin is still there")
     after = snapshot(site)
     if after != before:
         diff = sorted(

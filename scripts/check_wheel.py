@@ -5,7 +5,9 @@
 - a fresh `python3.11 -m venv` (with its own pip): `pip install --no-deps` of the
   wheel; `pip show sglang` reports the series' label; every file of the installed
   sglang package is build/sglang's (the applied tree) byte for byte, and the
-  files the series changes are among them; the plugin's entry point is listed;
+  files the series changes are among them; importlib.metadata finds the plugin's
+  entry point there; each patch's fast tests (as scripts/check_overlay.py runs
+  them) pass against that install, with sglang imported from it;
 - `pip uninstall -y sglang` leaves no file of it behind;
 - the official image's order: `pip install --no-deps` of the stock release, then
   the fork over it (the label and the tree's files again), then `pip uninstall`
@@ -22,7 +24,6 @@ import hashlib
 import json
 import os
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -31,21 +32,17 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 PY = ROOT / ".venv" / "bin" / "python"
 TREE = ROOT / "build" / "sglang"
-ENTRY_POINT = "xpu_series = sglang_xpu_series:announce"
+sys.path.insert(0, str(ROOT / "scripts"))
 
-
-class Failed(Exception):
-    """One check did not hold; the message says which."""
-
-
-def run(cmd: list[str], **kwargs) -> subprocess.CompletedProcess[str]:
-    proc = subprocess.run(cmd, capture_output=True, text=True, **kwargs)
-    if proc.returncode != 0:
-        raise Failed(
-            f"{' '.join(map(str, cmd))} exited {proc.returncode}\n"
-            f"{proc.stdout[-3000:]}{proc.stderr[-3000:]}"
-        )
-    return proc
+# The overlay's check already runs the patches' tests on an install and reads its
+# plugin registration; the wheel's install gets the same checks.
+from check_overlay import (  # noqa: E402
+    Failed,
+    carried_tests,
+    plugin_registered,
+    run,
+    run_carried_tests,
+)
 
 
 def tool(*args: str) -> dict:
@@ -131,9 +128,9 @@ def check_is_the_tree(venv: Venv, built: dict, expected: dict[str, str]) -> str:
     missing = [f for f in built["files"] if f not in got]
     if missing:
         raise Failed(f"the series' files are not installed: {', '.join(missing)}")
-    dist = next(venv.site.glob("sglang-*.dist-info"))
-    if ENTRY_POINT not in (dist / "entry_points.txt").read_text():
-        raise Failed(f"{dist.name}/entry_points.txt lacks '{ENTRY_POINT}'")
+    plugin = plugin_registered(venv.site)
+    if plugin:
+        raise Failed(f"the installed fork's plugin: {plugin}")
     return f"{len(got)} files are the tree's ({len(built['files'])} patched)"
 
 
@@ -173,6 +170,8 @@ def main() -> int:
             if line.split(":", 1)[0] in ("Name", "Version", "Summary", "Location")
         ]
         print("\n".join(f"    pip show sglang: {line}" for line in shown), flush=True)
+        said = run_carried_tests(venv.site, carried_tests())
+        step(f"the patches' tests on that install (not build/sglang): {said}")
         venv.pip("uninstall", "-y", "sglang")
         left = differences(empty, snapshot(venv.site))
         if left:

@@ -23,9 +23,12 @@ Standard library only: it runs before .venv exists.
 from __future__ import annotations
 
 import argparse
+import ctypes
 import hashlib
 import json
 import os
+import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -199,6 +202,18 @@ def inputs_digest() -> str:
     return h.hexdigest()
 
 
+# The seed of the proofs' sample (xpu_series/proofs/record.py): one per run,
+# the same for verify and its mutants, so both re-prove the same patches.
+SEED_ENV = "XPU_SERIES_PROOF_SEED"
+
+
+def proof_seed() -> int:
+    """The run's seed, from the environment or drawn now (run_step passes it
+    to every step)."""
+    text = os.environ.get(SEED_ENV, "").strip()
+    return int(text) if text.isdigit() else random.SystemRandom().randrange(1, 10**9)
+
+
 CACHE_FORMAT = "1"
 CACHE = Path("build") / "cache" / "steps"
 
@@ -212,9 +227,11 @@ def step_key(digest: str, step: Step) -> str:
 class Outcome:
     step: Step
     seconds: float = 0.0
-    # CPU seconds (user + system) of the step and the children it waited for:
-    # on two cores the lanes share, this is what a step really costs.
+    # CPU seconds (user + system) of the step and every process it started (see
+    # reap): on two cores the lanes share, this is what a step really costs.
     cpu_s: float = 0.0
+    # Of those, the system's (forks, page faults, file creation, copies).
+    sys_s: float = 0.0
     code: int | None = None  # None: not run
     note: str = ""
 
@@ -231,6 +248,10 @@ class Run:
     procs: set[subprocess.Popen[bytes]] = field(default_factory=set)
     start: float = field(default_factory=time.monotonic)
     digest: str = ""  # inputs_digest(), or "" to run every step (--fresh)
+    # Steps that run at once: one per core (three lanes on two cores only
+    # stretch every step; the lanes still keep their order).
+    slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(2))
+    seed: int = 0  # the proofs' sample (XPU_SERIES_PROOF_SEED), told at the start
 
     def say(self, text: str) -> None:
         with self.lock:
@@ -243,6 +264,7 @@ class Run:
         REPORTS.mkdir(parents=True, exist_ok=True)
         data = {
             "wall_s": round(time.monotonic() - self.start, 1),
+            "seed": self.seed,
             "steps": [
                 {
                     "tag": o.step.tag,
@@ -250,6 +272,7 @@ class Run:
                     "lane": o.step.lane,
                     "seconds": round(o.seconds, 1),
                     "cpu_s": round(o.cpu_s, 1),
+                    "sys_s": round(o.sys_s, 1),
                     "code": o.code,
                     "note": o.note,
                 }
@@ -281,27 +304,47 @@ def run_step(run: Run, step: Step) -> bool:
         )
         run.save()
         return True
-    env = {**os.environ, **dict(step.env)}
-    start = time.monotonic()
-    # Its own process group: a step past its limit is stopped with its children.
-    try:
-        proc = subprocess.Popen(
-            step.command,
-            cwd=ROOT,
-            env=env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            start_new_session=True,
-        )
-    except OSError as exc:
-        outcome.code, outcome.note = (
-            127,
-            f"cannot run {step.command[0]}: {exc.strerror}",
-        )
+    env = {**os.environ, SEED_ENV: str(run.seed), **dict(step.env)}
+    missing = _missing(step.command[0])
+    if missing:
+        outcome.code, outcome.note = 127, f"cannot run {step.command[0]}: {missing}"
         run.say(f"<== [{step.tag}] FAILED: {outcome.note}")
         run.failed.set()
         run.save()
         return False
+    with run.slots:
+        return _run_process(run, step, outcome, key, env)
+
+
+def _missing(program: str) -> str:
+    """Why `program` cannot be run from the checkout ("" when it can)."""
+    if "/" in program:
+        path = ROOT / program
+        if not path.is_file():
+            return os.strerror(2)
+        return "" if os.access(path, os.X_OK) else os.strerror(13)
+    return "" if shutil.which(program) else os.strerror(2)
+
+
+def _run_process(
+    run: Run, step: Step, outcome: Outcome, key: str, env: dict[str, str]
+) -> bool:
+    if run.failed.is_set():  # while it waited for a slot
+        outcome.note = "not run: an earlier step failed"
+        return False
+    passed = ROOT / CACHE / f"{key}.json"
+    logs = REPORTS / "steps"
+    start = time.monotonic()
+    # Its own process group: a step past its limit is stopped with its children.
+    # Under reap: what it leaves behind is waited for, and counted.
+    proc = subprocess.Popen(
+        [sys.executable, str(Path(__file__).resolve()), "--reap", *step.command],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        start_new_session=True,
+    )
     with run.lock:
         run.procs.add(proc)
     stopped = threading.Event()
@@ -317,7 +360,7 @@ def run_step(run: Run, step: Step) -> bool:
         for raw in proc.stdout:
             log.write(raw)
             run.say(f"[{step.tag}] {raw.decode(errors='replace').rstrip()}")
-    code, outcome.cpu_s = _wait(proc)
+    code, outcome.cpu_s, outcome.sys_s = _wait(proc)
     timer.cancel()
     with run.lock:
         run.procs.discard(proc)
@@ -354,9 +397,10 @@ def run_lane(run: Run, steps: list[Step]) -> None:
         run.say(f"error: the step runner failed: {exc!r}")
 
 
-def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
-    """The exit code and the CPU seconds of the process and what it waited for
-    (wait4's rusage: per step, where the whole run's would mix both lanes)."""
+def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float, float]:
+    """The exit code, CPU seconds and system seconds of the process and what it
+    waited for (wait4's rusage: per step, where the whole run's would mix the
+    lanes)."""
     while True:
         try:
             _pid, status, usage = os.wait4(proc.pid, 0)
@@ -364,9 +408,80 @@ def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float]:
         except InterruptedError:
             continue
         except ChildProcessError:  # reaped elsewhere: no rusage to read
-            return proc.wait(), 0.0
+            return proc.wait(), 0.0, 0.0
     proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_utime + usage.ru_stime
+    return proc.returncode, usage.ru_utime + usage.ru_stime, usage.ru_stime
+
+
+# prctl(2): orphans of this process's descendants are reparented to it.
+_PR_SET_CHILD_SUBREAPER = 36
+# How long what a step leaves running may go on before it is stopped.
+GRACE_ENV = "XPU_SERIES_LEFTOVER_GRACE_S"
+LEFTOVER_GRACE_S = 20.0
+
+
+def reap(command: list[str]) -> int:
+    """Run a step's command as a child subreaper: a process it starts whose
+    parent dies first (a server's scheduler, a stopped test's workers) comes
+    back here and is waited for, so the step's CPU counts it (wait4 sees only
+    what was waited for) and none outlives the step: what still runs
+    LEFTOVER_GRACE_S after the command ended is stopped. The command's exit
+    code is the step's."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+    except (OSError, AttributeError):
+        pass  # not Linux: orphans go to init, as before
+    try:
+        proc = subprocess.Popen(command)
+    except OSError as exc:
+        print(f"cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
+        return 127
+    code = proc.wait()
+    grace = float(os.environ.get(GRACE_ENV) or LEFTOVER_GRACE_S)
+    deadline = time.monotonic() + grace
+    stopped = False
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            break
+        if pid:
+            continue
+        if time.monotonic() > deadline and not stopped:
+            left = _children()
+            print(
+                f"note: {len(left)} process(es) outlived the step: stopped",
+                file=sys.stderr,
+            )
+            for child in left:
+                _signal(child, signal.SIGKILL)
+            stopped = True
+        time.sleep(0.1)
+    return code
+
+
+def _children() -> list[int]:
+    """This process's children (Linux: /proc)."""
+    mine = str(os.getpid())
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if fields[1] == mine:
+            found.append(int(entry.name))
+    return found
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:
@@ -424,6 +539,8 @@ def markdown(run: Run) -> str:
 
 
 def main(argv: list[str]) -> int:
+    if argv[:1] == ["--reap"]:
+        return reap(argv[1:])
     parser = argparse.ArgumentParser(
         prog="scripts/test", description=(__doc__ or "").split("\n\n")[0]
     )
@@ -436,6 +553,13 @@ def main(argv: list[str]) -> int:
         "--fresh",
         action="store_true",
         help="run every step, even one that passed on the same inputs before",
+    )
+    parser.add_argument(
+        "-j",
+        "--jobs",
+        type=int,
+        default=os.cpu_count() or 1,
+        help="steps that run at once (default: one per core)",
     )
     args = parser.parse_args(argv)
     if args.list:
@@ -455,8 +579,14 @@ def main(argv: list[str]) -> int:
         if not args.steps or s.tag in args.steps or s.tag == "bootstrap"
     ]
     run = Run(outcomes={s.tag: Outcome(s) for s in chosen})
+    run.slots = threading.Semaphore(max(1, args.jobs))
     fresh = args.fresh or os.environ.get("XPU_SERIES_FRESH") == "1"
     run.digest = "" if fresh else inputs_digest()
+    run.seed = proof_seed()
+    run.say(
+        f"proofs: this run re-proves a sample of the unchanged patches, seed "
+        f"{run.seed} ({SEED_ENV}={run.seed} scripts/test repeats it)"
+    )
     try:
         for step in (s for s in chosen if s.lane == "first"):
             run_step(run, step)

@@ -360,3 +360,104 @@ def test_the_matrix_step_fails_only_on_our_own_errors(
     if "package index" in says:
         assert "[matrix] skipped: the package index cannot be reached" in out
     assert says in (tmp_path / "build" / "reports" / "matrix.err").read_text()
+
+
+def test_what_a_step_leaves_running_is_counted_and_then_stopped(
+    steps, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    # The step's shell starts a CPU spinner and a sleeper in the background and
+    # exits first: both are orphans. The spinner's half second of CPU is the
+    # step's (a server's workers are such orphans), and the sleeper does not
+    # outlive the step's grace.
+    monkeypatch.setenv("XPU_SERIES_LEFTOVER_GRACE_S", "2")
+    pids = tmp_path / "sleeper.pid"
+    script = (
+        f"({sys.executable} -c '{BUSY}' &)\n(sleep 600 & echo $! >{pids})\necho started"
+    )
+    _fake(steps, ("bootstrap", "true", "first", 60), ("leaves", script, "tool", 60))
+    assert steps.main([]) == 0
+    out = capsys.readouterr().out
+    assert "[leaves] note: 1 process(es) outlived the step: stopped" in out
+    leaves = json.loads((steps.REPORTS / "steps.json").read_text())["steps"][1]
+    assert leaves["cpu_s"] >= 0.4 and 0 <= leaves["sys_s"] <= leaves["cpu_s"]
+    assert leaves["seconds"] < 30
+    sleeper = int(pids.read_text())
+    assert (
+        not Path(f"/proc/{sleeper}").exists()
+        or "Z" in (Path(f"/proc/{sleeper}/stat").read_text().split(")")[1].split()[0])
+    )
+
+
+def test_steps_run_one_per_core_and_the_lanes_keep_their_order(
+    steps, tmp_path: Path
+) -> None:
+    # Each step notes when it started and ended; three lanes, one slot each
+    # under -j 1, two under -j 2.
+    log = tmp_path / "build" / "spans"
+    log.parent.mkdir()
+    note = f'echo "$TAG start $(date +%s.%N)" >>{log}; sleep 0.3; '
+    note += f'echo "$TAG end $(date +%s.%N)" >>{log}'
+    _fake(
+        steps,
+        ("bootstrap", "true", "first", 60),
+        *[(f"{lane}{k}", f"TAG={lane}{k}; {note}", lane, 60)
+          for lane in ("tool", "proof", "serve") for k in (1, 2)],
+    )  # fmt: skip
+
+    def most_at_once() -> tuple[int, list[str]]:
+        events = sorted(
+            (float(t), kind, tag)
+            for tag, kind, t in (line.split() for line in log.read_text().split("\n")
+                                 if line)
+        )  # fmt: skip
+        running, most, order = 0, 0, []
+        for _t, kind, tag in events:
+            running += 1 if kind == "start" else -1
+            most = max(most, running)
+            order += [tag] if kind == "start" else []
+        return most, order
+
+    assert steps.main(["--fresh", "-j", "1"]) == 0
+    most, order = most_at_once()
+    assert most == 1
+    for lane in ("tool", "proof", "serve"):
+        assert order.index(f"{lane}1") < order.index(f"{lane}2")
+    log.unlink()
+    assert steps.main(["--fresh", "-j", "2"]) == 0
+    assert most_at_once()[0] == 2
+
+
+def test_every_step_of_a_run_gets_the_same_proof_seed(
+    steps, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    _fake(
+        steps,
+        ("bootstrap", "true", "first", 60),
+        ("a", "echo seed=$XPU_SERIES_PROOF_SEED", "tool", 60),
+        ("b", "echo seed=$XPU_SERIES_PROOF_SEED", "serve", 60),
+    )
+    monkeypatch.delenv("XPU_SERIES_PROOF_SEED", raising=False)
+    assert steps.main(["--fresh"]) == 0
+    out = capsys.readouterr().out
+    seeds = set(re.findall(r"^\[[ab]\] seed=(\d+)$", out, re.M))
+    (seed,) = seeds
+    assert f"XPU_SERIES_PROOF_SEED={seed} scripts/test repeats it" in out
+    assert json.loads((steps.REPORTS / "steps.json").read_text())["seed"] == int(seed)
+    # The hint, followed: the same seed again.
+    monkeypatch.setenv("XPU_SERIES_PROOF_SEED", seed)
+    assert steps.main(["--fresh"]) == 0
+    assert set(re.findall(r"seed=(\d+)$", capsys.readouterr().out, re.M)) == {seed}
+
+
+def test_the_weekly_workflow_re_proves_every_patch() -> None:
+    data = yaml.safe_load((WORKFLOWS / "weekly-proofs.yml").read_text())
+    triggers = data.get("on", data.get(True))
+    assert triggers["schedule"][0]["cron"]
+    (prove,) = [s for s in _steps("weekly-proofs.yml") if "scripts/test" in
+                str(s.get("run", ""))]  # fmt: skip
+    assert prove["env"]["XPU_SERIES_PROVE_ALL"] == "1"
+    assert prove["env"]["CI"] == "true"
+    # The steps that prove, as .ci/run names them, run in full.
+    assert prove["run"].split()[1:] == ["verify", "mutants"]
+    tags = {s.tag for s in load_script("run_steps.py").STEPS}
+    assert {"verify", "mutants"} <= tags

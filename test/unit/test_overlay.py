@@ -388,3 +388,91 @@ def test_an_older_served_release_gets_the_series_as_it_applies_there(
     assert stale.code == 4 and "exported from another series" in stale.err
     assert three_patches.run("overlay", "--export", "0.0.1", "--check").code == 1
     assert snapshot(old) == before
+
+
+# How sglang finds its plugins: the entry points of the group, each one called.
+LOAD_PLUGINS = """
+from importlib.metadata import entry_points
+found = entry_points(group="sglang.srt.plugins")
+print(sorted(f"{ep.name} = {ep.value}" for ep in found))
+for ep in found:
+    ep.load()()
+"""
+
+
+def load_plugins(site: Path) -> subprocess.CompletedProcess[str]:
+    """The plugins `site` registers, loaded and called by a Python that sees
+    nothing else (-S); bytecode is written, as a server's imports write it."""
+    env = {**os.environ, "PYTHONPATH": str(site)}
+    env.pop("PYTHONDONTWRITEBYTECODE", None)
+    return subprocess.run(
+        [sys.executable, "-S", "-c", LOAD_PLUGINS],
+        env=env, capture_output=True, text=True, timeout=60, cwd=site,
+    )  # fmt: skip
+
+
+def add_to_install(site: Path, rel: str, data: bytes) -> None:
+    """A file the install already had, listed in its RECORD as pip lists it."""
+    (site / rel).write_bytes(data)
+    record = next(site.glob("sglang-*.dist-info")) / "RECORD"
+    rows = list(csv.reader(record.read_text().splitlines()))
+    rows.insert(-1, [rel, record_hash(data), str(len(data))])
+    with open(record, "w", newline="") as fh:
+        csv.writer(fh, lineterminator="\n").writerows(rows)
+
+
+@pytest.mark.parametrize("had_entry_points", [False, True])
+def test_the_overlay_registers_the_plugin_and_undo_takes_it_away(
+    three_patches: Project, site: Path, had_entry_points: bool
+) -> None:
+    dist = next(site.glob("sglang-*.dist-info")).name
+    theirs = b"[console_scripts]\nsglang = sglang.cli:main\n"
+    if had_entry_points:
+        add_to_install(site, f"{dist}/entry_points.txt", theirs)
+    before = snapshot(site)
+    assert load_plugins(site).stdout == "[]\n"
+    assert three_patches.run("overlay", "--into", str(site)).code == 0
+    record_matches(site)
+    status = three_patches.run("--json", "overlay", "--status", "--into", str(site))
+    sha = json.loads(status.out)["provenance"]["series_sha256"]
+    loaded = load_plugins(site)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stdout == "['xpu_series = sglang_xpu_series:announce']\n"
+    (line,) = loaded.stderr.splitlines()
+    assert line.endswith(
+        f"sglang-xpu: series s{sha[:12]} (3 patches, series sha256 {sha}) on "
+        f"sglang {version_of(site)}"
+    )
+    entry_points = (site / dist / "entry_points.txt").read_bytes()
+    assert entry_points.startswith(theirs if had_entry_points else b"[sglang.srt")
+    assert list((site / "sglang_xpu_series" / "__pycache__").glob("*.pyc"))
+
+    undo = three_patches.run("overlay", "--undo", "--into", str(site))
+    assert undo.code == 0, undo.err
+    assert snapshot(site) == before
+    assert not (site / "sglang_xpu_series").exists()
+    assert load_plugins(site).stdout == "[]\n"
+
+
+def test_the_overlays_plugin_reads_what_the_fork_wheel_records(
+    three_patches: Project, site: Path, tmp_path: Path
+) -> None:
+    """The same module and the same file hashes as the fork wheel of the series;
+    a patched file edited after the overlay is named by the plugin."""
+    assert three_patches.run("overlay", "--into", str(site)).code == 0
+    built = three_patches.run("--json", "wheel", "--out", str(tmp_path / "wheel"))
+    assert built.code == 0, built.err
+    with zipfile.ZipFile(json.loads(built.out)["path"]) as zf:
+        module = zf.read("sglang_xpu_series/__init__.py")
+        (name,) = {n for n in zf.namelist() if n.endswith(".dist-info/xpu_series.json")}
+        wheel_record = json.loads(zf.read(name))
+    dist = next(site.glob("sglang-*.dist-info"))
+    record = json.loads((dist / "xpu_series.json").read_text())
+    assert (site / "sglang_xpu_series/__init__.py").read_bytes() == module
+    assert record["files"] == wheel_record["files"]
+    for key in ("series_sha256", "version", "patches", "plugin"):
+        assert record[key] == wheel_record[key], key
+    (site / "sglang/srt/third.py").write_text("LIMIT = 11\n")
+    line, warning = load_plugins(site).stderr.splitlines()
+    assert "sglang-xpu: series s" in line
+    assert "sglang/srt/third.py differs from the series' file" in warning

@@ -421,3 +421,282 @@ def test_a_second_verify_beside_a_running_one_is_refused_and_the_hint_works(
     held = verified.root / "build" / ".mutants.xpu-series.lock"
     held.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname()}))
     assert "is locked by pid" in verified.run("verify", "--mutants").err
+
+
+# -- the record of each patch's last full proof (patches/proofs.json) ----------
+
+
+@pytest.fixture
+def recorded(verified: Project, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """Three proven patches, their tests beside a helper imported from another
+    folder of test/, and a record of their full proofs."""
+    helper = verified.root / "test" / "helpers" / "limits.py"
+    helper.parent.mkdir(parents=True)
+    helper.write_text("EXPECTED = 42\n")
+    answer = _write_test(
+        verified,
+        "test_answer.py",
+        "import sys\nfrom pathlib import Path\n\n"
+        "sys.path.insert(0, str(Path(__file__).parent / 'helpers'))\n"
+        "from limits import EXPECTED  # noqa: E402\n"
+        "from sglang.srt.other import answer  # noqa: E402\n\n"
+        "def test_answer():\n    assert answer() == EXPECTED\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/other.py",
+        "def answer():\n    return 42\n",
+        "[XPU] Fix the answer",
+        Tests=answer,
+    )
+    limit = _write_test(
+        verified,
+        "test_limit.py",
+        "from sglang.srt.third import LIMIT\n\n"
+        "def test_limit():\n    assert LIMIT == 20\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise LIMIT", Tests=limit
+    )
+    # Off CI, and a known sample: one unchanged patch per run.
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("XPU_SERIES_PROVE_ALL", raising=False)
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "1")
+    done = verified.run("verify", "--record")
+    assert done.code == 0, done.out + done.err
+    assert "recorded 3 patch(es) in patches/proofs.json" in done.err
+    return verified
+
+
+def _sources(project: Project, *args: str) -> tuple[int, dict[str, str], str]:
+    result = project.run("verify", "--json", *args)
+    data = json.loads(result.out)
+    return (
+        result.code,
+        {p["name"][:4]: p["source"] for p in data["patches"]},
+        result.err,
+    )
+
+
+def test_an_unchanged_series_is_spot_checked_by_a_seeded_sample(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = json.loads((recorded.patches / "proofs.json").read_text())
+    assert sorted(record["patches"]) == [
+        "0001-raise-value.patch", "0002-fix-the-answer.patch",
+        "0003-raise-limit.patch",
+    ]  # fmt: skip
+    kept = record["patches"]["0001-raise-value.patch"]["verify"]["result"]
+    assert kept["verdict"] == "proven" and kept["without"]["failed"] == 1
+    chosen = []
+    for seed in ("1", "2", "3", "4", "5", "6"):
+        monkeypatch.setenv("XPU_SERIES_PROOF_SEED", seed)
+        code, sources, err = _sources(recorded)
+        assert code == 0, err
+        # One re-proven, the others stand on their record; the seed is told.
+        assert sorted(sources.values()) == ["re-proven", "record", "record"]
+        again = [n for n, s in sources.items() if s == "re-proven"]
+        assert f"re-proving {again[0]} of 3 unchanged (seed {seed}; " in err
+        assert f"XPU_SERIES_PROOF_SEED={seed} repeats the choice" in err
+        # The same seed, the same choice.
+        assert _sources(recorded)[1] == sources
+        chosen += again
+    # Over a few runs the sample is not always the same patch.
+    assert len(set(chosen)) > 1
+    # --all (or XPU_SERIES_PROVE_ALL=1, what the weekly workflow sets) re-proves
+    # every patch, and each agrees with its record.
+    code, sources, _err = _sources(recorded, "--all")
+    assert code == 0 and set(sources.values()) == {"re-proven"}
+    monkeypatch.setenv("XPU_SERIES_PROVE_ALL", "1")
+    assert set(_sources(recorded)[1].values()) == {"re-proven"}
+
+
+def test_a_re_proof_that_disagrees_with_its_record_fails_the_run(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = recorded.patches / "proofs.json"
+    record = json.loads(path.read_text())
+    # The record says two tests failed without 0003; they measure one.
+    kept = record["patches"]["0003-raise-limit.patch"]["verify"]["result"]
+    kept["without"]["failed"] = 2
+    path.write_text(json.dumps(record))
+    # A sample that misses it trusts the record as it is: that is the deal.
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    code, sources, _err = _sources(recorded)
+    assert code == 0 and sources["0003"] == "record"
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "1")
+    # A run whose sample meets it fails, and says what differs.
+    for seed in range(1, 40):
+        monkeypatch.setenv("XPU_SERIES_PROOF_SEED", str(seed))
+        code, sources, err = _sources(recorded)
+        if sources["0003"] == "re-proven":
+            break
+    assert code == 1
+    assert (
+        "error: 0003-raise-limit.patch: the re-proof disagrees with its record: "
+        "recorded proven (without: 0 passed, 2 failed; with: 1 passed, 0 failed), "
+        "now proven (without: 0 passed, 1 failed; with: 1 passed, 0 failed)"
+    ) in err
+    assert "'xpu-series verify --all --record' writes the record anew" in err
+    # The hint, followed: the record is written anew, and the runs agree again.
+    assert recorded.run("verify", "--all", "--record").code == 0
+    assert recorded.run("verify", "--all").code == 0
+
+
+def test_a_stale_record_is_proven_in_full_and_fails_in_ci(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    helper = recorded.root / "test" / "helpers" / "limits.py"
+    helper.write_text("EXPECTED = 42  # the answer\n")
+    code, sources, err = _sources(recorded)
+    # Only the patch whose tests import the helper is proven again.
+    assert code == 0, err
+    assert sources == {"0001": "record", "0002": "ran", "0003": "record"}
+    assert "proving 0002 (changed: tests)" in err
+    assert "note: the record of 1 patch(es) is stale or missing" in err
+    # In CI a stale record is an error, with the way out.
+    monkeypatch.setenv("CI", "true")
+    result = recorded.run("verify")
+    assert result.code == 1
+    assert (
+        "error: the record of 1 patch(es) is stale or missing, so they were "
+        "proven in full: 0002-fix-the-answer.patch (changed: tests)" in result.err
+    )
+    assert (
+        "hint: run 'xpu-series verify --record' and 'xpu-series verify --mutants "
+        "--record', then commit patches/proofs.json" in result.err
+    )
+    # The hint, followed.
+    assert recorded.run("verify", "--record").code == 0
+    assert recorded.run("verify", "--mutants", "--record").code == 0
+    assert recorded.run("verify").code == 0
+    assert recorded.run("verify", "--mutants").code == 0
+
+
+def test_mutants_stand_on_their_record_until_a_re_proof_disagrees(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = recorded.run("verify", "--mutants", "--record", "--json")
+    assert first.code == 0, first.err
+    assert "recorded 3 patch(es)" in first.err
+    made = {p["name"][:4]: p["made"] for p in json.loads(first.out)["patches"]}
+    # No sample: every patch answers from its record, and no mutant runs.
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    again = recorded.run("verify", "--mutants", "--json")
+    data = {p["name"][:4]: p for p in json.loads(again.out)["patches"]}
+    assert again.code == 0, again.err
+    assert {p["source"] for p in data.values()} == {"record"}
+    assert {n: p["made"] for n, p in data.items()} == made
+    assert f"0001-raise-value.patch: {made['0001']} mutants, from the record" in (
+        again.err
+    )
+    # A record that says a mutant survived, where it is killed: a re-proof of
+    # every patch finds it out.
+    path = recorded.patches / "proofs.json"
+    record = json.loads(path.read_text())
+    kept = record["patches"]["0001-raise-value.patch"]["mutants"]["result"]
+    kept["survived"] = [{"id": "0123456789", "diff": "x", "operator": "y"}]
+    path.write_text(json.dumps(record))
+    monkeypatch.setenv("XPU_SERIES_PROVE_ALL", "1")
+    checked = recorded.run("verify", "--mutants")
+    assert checked.code == 1
+    assert (
+        "0001-raise-value.patch: the re-proof disagrees with its record: killed "
+        "now: 0123456789" in checked.err
+    )
+
+
+def _inputs(project: Project) -> dict[str, dict[str, str]]:
+    from xpu_series.project import find_project
+    from xpu_series.proofs.record import patch_inputs
+    from xpu_series.proofs.series_proof import series_prefixes
+
+    prefixes = series_prefixes(find_project(project.root))
+    facts = prefixes.facts()
+    return {
+        name[:4]: dict(patch_inputs(facts, k).digests)
+        for k, name in enumerate(prefixes.names, start=1)
+    }
+
+
+def _edit(path, old: str, new: str) -> None:  # noqa: ANN001
+    path.write_text(path.read_text().replace(old, new, 1))
+
+
+# Each kind of input a proof depends on, changed: which patches' keys change,
+# and which kind each names.
+INPUTS = {
+    "the patch": (
+        lambda p, mp: _edit(
+            p.patches / "0002-fix-the-answer.patch", "Why this change", "Why, then,"
+        ),
+        {"0002": ["patch"], "0003": ["below"]},
+    ),
+    "a test file": (
+        lambda p, mp: _edit(p.root / "test" / "test_limit.py", "== 20", "== 20.0"),
+        {"0003": ["tests"]},
+    ),
+    "a module the tests import from test/": (
+        lambda p, mp: _edit(p.root / "test" / "helpers" / "limits.py", "42", "0x2a"),
+        {"0002": ["tests"]},
+    ),
+    "a conftest.py": (
+        lambda p, mp: (p.root / "test" / "conftest.py").write_text("X = 1\n"),
+        {"0001": ["tests"], "0002": ["tests"], "0003": ["tests"]},
+    ),
+    "the pin (and the wheel's sha256)": (
+        lambda p, mp: _edit(p.patches / "upstream.toml", "[layout]", "# x\n[layout]"),
+        {n: ["pin"] for n in ("0001", "0002", "0003")},
+    ),
+    "an accepted mutant": (
+        lambda p, mp: (p.root / "test" / "accepted_mutants.toml").write_text(
+            '[[mutant]]\npatch = "0003-raise-limit.patch"\nid = "abc"\n'
+            'reason = "equivalent"\n'
+        ),
+        {"0003": ["accepted-mutants"]},
+    ),
+    "the proof code": (
+        lambda p, mp: _extra_proof_code(p, mp),
+        {n: ["proof-code"] for n in ("0001", "0002", "0003")},
+    ),
+    "the tool's version": (
+        lambda p, mp: mp.setattr("xpu_series.__version__", "9.9.9"),
+        {n: ["tool"] for n in ("0001", "0002", "0003")},
+    ),
+    "a pinned test dependency": (
+        lambda p, mp: _edit(p.root / "pyproject.toml", "pytest==9.2.0", "pytest==9"),
+        {n: ["environment"] for n in ("0001", "0002", "0003")},
+    ),
+    "lint settings (no input)": (
+        lambda p, mp: _edit(p.root / "pyproject.toml", "= 88", "= 100"),
+        {},
+    ),
+}
+
+
+def _extra_proof_code(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    from xpu_series.proofs import record
+
+    extra = project.root / "proof_code.py"
+    extra.write_text("# one more line of proof code\n")
+    real = record.proof_code()
+    monkeypatch.setattr(record, "proof_code", lambda: [*real, extra])
+
+
+@pytest.mark.parametrize("what", list(INPUTS))
+def test_changing_any_input_invalidates_the_record(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    (recorded.root / "pyproject.toml").write_text(
+        '[project]\nname = "p"\noptional-dependencies = {test = ["pytest==9.2.0"]}'
+        "\n\n[tool.ruff]\nline-length = 88\n"
+    )
+    before = _inputs(recorded)
+    change, expected = INPUTS[what]
+    change(recorded, monkeypatch)
+    after = _inputs(recorded)
+    changed = {
+        name: sorted(k for k in after[name] if after[name][k] != before[name][k])
+        for name in after
+    }
+    assert {n: kinds for n, kinds in changed.items() if kinds} == expected

@@ -1,53 +1,42 @@
-"""The audit: CUDA-only code on the paths an XPU server runs, with verdicts.
+"""The audit: XPU hazards on the paths an XPU server runs, with verdicts.
 
-A tree's `.py` files are scanned one by one (audit_scan, cached by path and blob),
-the import graph says which modules an XPU server reaches (audit_reach), each API
-gets its effect on XPU (audit_effects), triage entries accept findings with a
-reason (audit_triage), and a recorded stand-in run marks what executed
-(audit_trace). Verdicts, in order: `harmless` (the API behaves on XPU),
-`unreached` (the module is never imported by an XPU server), `guarded` (a
-condition keeps XPU out), `triaged`, `exposed`. A finding the series fixes is
-marked `patched` (on the release as shipped it keeps its verdict; the tree with
-the series lists it with the verdict `patched`, where it was).
+A tree's `.py` files are scanned one by one (scan*.py, cached by path and blob),
+the import graph says which modules an XPU server reaches (reach.py), the
+tree-wide rules add what only the whole tree shows (classes.py, surface.py;
+place.py puts every finding in its file, cached per tree), each finding gets its
+effect on XPU (effects.py, or its own evidence), triage entries accept findings
+with a reason (triage.py), and a recorded stand-in run marks what executed
+(trace.py). Verdicts, in order: `harmless` (the API behaves on XPU), `unreached`
+(the module is never imported by an XPU server), `guarded` (a condition keeps XPU
+out), `triaged`, `exposed`. A finding the series fixes is marked `patched` (on
+the release as shipped it keeps its verdict; the tree with the series lists it
+with the verdict `patched`, where it was).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import hashlib
-import json
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from xpu_series.audit import guards, scan
-from xpu_series.audit.classes import (
-    Hierarchy,
-    backend_findings,
-    callers_elsewhere,
-    forward_findings,
-    unquiet,
-)
-from xpu_series.audit.effects import CUDA_ONLY_PACKAGES, ApiEffect, Effect, effect_of
+from xpu_series.audit.cache import Candidate
+from xpu_series.audit.effects import ApiEffect, Effect, effect_of
 from xpu_series.audit.kinds import FIXES
-from xpu_series.audit.reach import (
-    blocked_modules,
-    device_module,
-    reached_modules,
-    unimportable,
-)
-from xpu_series.audit.scan import CUDA_PACKAGE, FileScan, RawFinding, scan_source
-from xpu_series.audit.scan_records import XPU_KINDS
+from xpu_series.audit.ledger import LedgerCheck
+from xpu_series.audit.place import candidates, place_tree
+from xpu_series.audit.scan import RawFinding
+from xpu_series.audit.scan_records import KINDS, XPU_KINDS
 from xpu_series.audit.source import TreeFiles
-from xpu_series.audit.surface import Surface, judge_kernels, load_surface
+from xpu_series.audit.surface import Surface, load_surface
 from xpu_series.audit.triage import TriageEntry, TriageIndex
 
-FORMAT = "1"
+__all__ = ["Candidate", "candidates"]  # placed findings, re-exported
+
 EXPOSED, TRIAGED, PATCHED, GUARDED, UNREACHED, HARMLESS = (
     "exposed",
     "triaged",
@@ -112,9 +101,19 @@ class AuditReport:
     executed_source: str = ""
     cached: bool = False
     seconds: float = 0.0
+    surface: Surface | None = None
+    ledger: LedgerCheck | None = None
 
     def count(self, attr: str) -> dict[str, int]:
         return dict(Counter(getattr(f, attr) for f in self.findings))
+
+    def by_kind(self) -> dict[str, dict[str, int]]:
+        """Per finding kind (each listed, in rule order), its verdicts."""
+        out: dict[str, dict[str, int]] = {kind: {} for kind in KINDS}
+        for f in self.findings:
+            verdicts = out.setdefault(f.kind, {})
+            verdicts[f.verdict] = verdicts.get(f.verdict, 0) + 1
+        return out
 
     @property
     def stale(self) -> list[TriageEntry]:
@@ -124,154 +123,6 @@ class AuditReport:
     def exposed(self) -> list[Finding]:
         """What `--check` fails on: exposed, and not fixed by the series."""
         return [f for f in self.findings if f.verdict == EXPOSED and not f.patched]
-
-
-# --- scanning, cached by path and blob -------------------------------------
-
-
-def analyzer_digest() -> str:
-    """Changes whenever the scanner's rules do, so cached scans never go stale."""
-    h = hashlib.sha256(FORMAT.encode())
-    # The rules live in scan.py and its scan_*.py parts: a part added later is
-    # hashed too, with nothing to list.
-    rules = sorted(Path(scan.__file__ or "").parent.glob("scan*.py"))
-    for path in (*rules, Path(guards.__file__ or "")):
-        h.update(path.read_bytes())
-    h.update(" ".join(sorted(CUDA_ONLY_PACKAGES)).encode())
-    return h.hexdigest()
-
-
-def _write_json(path: Path, data: Any) -> None:
-    """Write beside and rename in: a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, separators=(",", ":")))
-    os.replace(tmp, path)
-
-
-def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def _scan_batch(batch: list[tuple[str, bytes]]) -> list[tuple[str, dict[str, Any]]]:
-    packages = CUDA_ONLY_PACKAGES
-    return [(path, scan_source(data, path, packages).to_json()) for path, data in batch]
-
-
-def scan_tree(
-    files: TreeFiles, cache: Path, say: Say | None = None, jobs: int | None = None
-) -> tuple[dict[str, FileScan], bool]:
-    """Each file's scan, by path; True when the whole tree came from the cache."""
-    analyzer = analyzer_digest()
-    tree_key = hashlib.sha256(f"{analyzer}\0{files.digest()}".encode()).hexdigest()
-    tree_cache = cache / "audit" / "trees" / f"{tree_key}.json"
-    packed = _read_json(tree_cache)
-    if isinstance(packed, dict) and set(packed) == set(files.blobs):
-        return {p: FileScan.from_json(d) for p, d in packed.items()}, True
-
-    def file_key(path: str) -> Path:
-        key = hashlib.sha256(f"{analyzer}\0{path}\0{files.blobs[path]}".encode())
-        digest = key.hexdigest()
-        return cache / "audit" / "files" / digest[:2] / f"{digest}.json"
-
-    scans: dict[str, dict[str, Any]] = {}
-    missing: list[str] = []
-    for path in sorted(files.blobs):
-        data = _read_json(file_key(path))
-        if isinstance(data, dict):
-            scans[path] = data
-        else:
-            missing.append(path)
-    if missing:
-        scans.update(_scan_missing(files, missing, file_key, say, jobs))
-    _write_json(tree_cache, scans)
-    return {p: FileScan.from_json(d) for p, d in scans.items()}, False
-
-
-def _scan_missing(
-    files: TreeFiles,
-    missing: list[str],
-    file_key: Callable[[str], Path],
-    say: Say | None,
-    jobs: int | None,
-) -> dict[str, dict[str, Any]]:
-    start = last = time.monotonic()
-    out: dict[str, dict[str, Any]] = {}
-    # Large files first, so the last batches are small and the workers end together.
-    contents = files.read(missing)
-    order = sorted(missing, key=lambda p: -len(contents[p]))
-    size = 64
-    batches = [
-        [(p, contents[p]) for p in order[i : i + size]]
-        for i in range(0, len(order), size)
-    ]
-    workers = jobs or min(4, os.cpu_count() or 1)
-    if say:
-        say(f"audit: scanning {len(missing)} files of {files.label}")
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        for results in pool.map(_scan_batch, batches):
-            for path, data in results:
-                out[path] = data
-                _write_json(file_key(path), data)
-            now = time.monotonic()
-            if say and now - last >= 2.0:
-                last = now
-                say(f"audit: {len(out)}/{len(missing)} files ({now - start:.0f}s)")
-    return out
-
-
-# --- verdicts ---------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Candidate:
-    """A raw finding placed in its file, before triage."""
-
-    file: str
-    raw: RawFinding
-    reached: bool
-    why_unreached: str = ""
-
-
-def candidates(
-    scans: dict[str, FileScan], surface: Surface | None = None
-) -> tuple[list[Candidate], int]:
-    """Each finding of the tree placed in its file, with its reach; the
-    tree-wide rules (class hierarchy, kernel surface, callers across modules)
-    add and drop theirs here. Also how many modules an XPU server imports."""
-    blocked = blocked_modules(scans)
-    reached = reached_modules(scans, blocked=blocked)
-    surface = surface or load_surface()
-    tree = Hierarchy(scans)
-    derived = [backend_findings(scans, tree), forward_findings(scans, tree)]
-    taken = callers_elsewhere(scans, reached)
-    out = []
-    for path, file_scan in sorted(scans.items()):
-        device = device_module(file_scan.module)
-        why = blocked.get(file_scan.module, "")
-        own = bool(unimportable(file_scan))
-        found = judge_kernels(file_scan.findings, surface)
-        for extra in derived:
-            found += extra.get(path, [])
-        if path in taken:
-            found = unquiet(found, taken[path])
-        for raw in found:
-            if why and not (own and raw.kind == CUDA_PACKAGE):
-                # On XPU importing the module fails before this can run.
-                out.append(
-                    Candidate(path, raw, False, f"XPU cannot import the module: {why}")
-                )
-                continue
-            if device and not raw.guard:
-                # Its module serves another device: it runs when that one does.
-                raw = dataclasses.replace(
-                    raw, guard=f"a module for {device} (its path says so)"
-                )
-            out.append(Candidate(path, raw, file_scan.module in reached, ""))
-    return out, len(reached)
 
 
 def effect_of_finding(raw: RawFinding) -> ApiEffect:
@@ -332,7 +183,7 @@ def judge(
             verdict, reason = GUARDED, raw.guard
         else:
             verdict, reason = EXPOSED, ""
-            index = accepted.first_match(cand.file, raw.function, raw.api)
+            index = accepted.first_match(cand.file, raw.function, raw.api, raw.kind)
             if index is not None:
                 covered[index] += 1
                 verdict, reason = TRIAGED, triage[index].reason
@@ -393,23 +244,27 @@ def run_audit(
     since: str = "",
     executed: set[tuple[str, int, str]] | None = None,
     executed_source: str = "",
+    surface: Surface | None = None,
+    ledger: Callable[[list[Finding]], LedgerCheck] | None = None,
     say: Say | None = None,
 ) -> AuditReport:
     """Audit `files`. With `series_files` (the same release with the series), a
     finding the series removes is `patched`. With `pristine_files` (the same
     release as shipped), the findings the series removed are listed as `patched`
-    at their pristine place. With `since_files`, only what is new is kept."""
+    at their pristine place. With `since_files`, only what is new is kept.
+    `ledger` re-checks the upstream reports' locators against the findings."""
     start = time.monotonic()
-    scans, cached = scan_tree(files, cache, say)
-    found, reached = candidates(scans)
+    surface = surface or load_surface()
+    placed = place_tree(files, cache, surface, say)
+    found = placed.candidates
     fixed = None
     extra: list[Finding] = []
     if series_files is not None:
-        series_found, _ = candidates(scan_tree(series_files, cache, say)[0])
+        series_found = place_tree(series_files, cache, surface, say).candidates
         fixed = fixed_by_series(found, series_found)
     findings, covered = judge(found, triage, fixed, executed)
     if pristine_files is not None:
-        pristine_found, _ = candidates(scan_tree(pristine_files, cache, say)[0])
+        pristine_found = place_tree(pristine_files, cache, surface, say).candidates
         gone = fixed_by_series(pristine_found, found)
         extra, _ = judge(
             [c for c in pristine_found if _live(c)], [], Counter(gone), None
@@ -420,21 +275,24 @@ def run_audit(
             if f.patched
         ]
     findings += extra
+    checked = ledger(findings) if ledger is not None else None
     if since_files is not None:
-        older, _ = candidates(scan_tree(since_files, cache, say)[0])
+        older = place_tree(since_files, cache, surface, say).candidates
         findings = only_new(findings, older)
     return AuditReport(
         label=files.label,
         findings=findings,
-        files=len(scans),
-        modules=len({s.module for s in scans.values()}),
-        reached=reached,
-        parse_errors=[(p, s.error) for p, s in sorted(scans.items()) if s.error],
+        files=placed.files,
+        modules=placed.modules,
+        reached=placed.reached,
+        parse_errors=placed.parse_errors,
         triage=covered,
         since=since,
         executed_source=executed_source,
-        cached=cached,
+        cached=placed.cached,
         seconds=time.monotonic() - start,
+        surface=surface,
+        ledger=checked,
     )
 
 

@@ -143,6 +143,11 @@ def backend_findings(
             if not hit:
                 continue
             label = ",".join(sorted(n.rsplit(".", 1)[-1] for n in use.names))
+            then = (
+                "the chain's last else raises"
+                if use.otherwise
+                else "the behaviour chosen here is skipped"
+            )
             out.setdefault(path, []).append(
                 RawFinding(
                     use.line,
@@ -150,12 +155,11 @@ def backend_findings(
                     f"{use.how}:{label}",
                     BACKEND_CLASS,
                     use.guard,
-                    "feature-off",
+                    "raises" if use.otherwise else "feature-off",
                     f"XPU runs {default_text} ({DEFAULT_BACKEND}, its default) or "
                     f"{xpu_text} (--attention-backend {XPU_BACKEND}); this test "
                     f"on {label} passes for the first and not the second, and no "
-                    f"arm beside it handles XPU: with {XPU_BACKEND} the behaviour "
-                    "chosen here is skipped",
+                    f"arm beside it handles XPU: with {XPU_BACKEND} {then}",
                 )
             )
     return out

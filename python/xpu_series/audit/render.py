@@ -1,4 +1,11 @@
-"""An audit report as text, Markdown, JSON or SARIF 2.1.0 (GitHub code scanning)."""
+"""An audit report as text, Markdown, JSON or SARIF 2.1.0 (GitHub code scanning).
+
+The text and Markdown views put the summary first, then what needs a person: the
+exposed findings (with `--since`, every new one that is not guarded, unreached or
+harmless), stale triage and ledger entries, files that did not parse. Triaged,
+patched, guarded, unreached and harmless findings, and what each triage entry
+covers, are listed with `--all`.
+"""
 
 from __future__ import annotations
 
@@ -6,18 +13,19 @@ from typing import Any
 
 from xpu_series import __version__
 from xpu_series.audit.analysis import EXPOSED, VERDICTS, AuditReport, Finding, grouped
-from xpu_series.audit.scan import KINDS
+from xpu_series.audit.kinds import RULES
+from xpu_series.audit.scan_records import KINDS
 
-# What each finding kind is, for SARIF's rules and the report's legend.
-RULES = {
-    "torch-cuda": "torch.cuda API used where an XPU server runs",
-    "tensor-cuda": ".cuda() moves a tensor or module to a CUDA device",
-    "device-literal": "a 'cuda' device literal on an XPU path",
-    "is-cuda": "an is_cuda test that sends XPU tensors down another branch",
-    "guarded-import": "a name imported only under a CUDA/ROCm guard, used outside it",
-    "cuda-package": "a CUDA-only package imported at module level",
-}
-SHOWN = (EXPOSED, "triaged", "patched")  # the text report lists these per concern
+SHOWN = (EXPOSED, "triaged", "patched")  # listed per concern by --since and SARIF
+EFFECTS = (
+    "raises",
+    "wrong-result",
+    "silent-zero",
+    "feature-off",
+    "no-op",
+    "wrong-device",
+    "skips-xpu",
+)
 
 
 def _counts_line(title: str, counts: dict[str, int], order: tuple[str, ...]) -> str:
@@ -35,14 +43,42 @@ def summary_lines(report: AuditReport) -> list[str]:
         _counts_line("verdicts", report.count("verdict"), VERDICTS)
         + f"; the series fixes {sum(f.patched for f in report.findings)}",
         _counts_line(
-            "effects (exposed)",
-            dict(_exposed_effects(report.findings)),
-            ("raises", "silent-zero", "no-op", "wrong-device", "skips-xpu"),
+            "effects (exposed)", dict(_exposed_effects(report.findings)), EFFECTS
         ),
-        f"executed on the stand-in: {sum(f.executed for f in report.findings)}"
-        f" ({report.executed_source or 'no recorded run for this tree'})",
+        "by kind:",
     ]
+    for kind, verdicts in report.by_kind().items():
+        lines.append(_counts_line(f"  {kind}", verdicts, VERDICTS))
+    if report.surface is not None:
+        lines.append(
+            f"kernel surface: {report.surface.describe()} "
+            f"(commit {report.surface.commit})"
+        )
+    if report.ledger is not None:
+        ledger = report.ledger
+        lines.append(
+            f"ledger: {len(ledger.reports)} reports on {ledger.release}: "
+            + (
+                ", ".join(f"{k} {v}" for k, v in sorted(ledger.statuses().items()))
+                or "none listed"
+            )
+            + f"; stale {len(ledger.stale)}, not seen by a rule "
+            f"{len(ledger.unseen)}"
+        )
+    lines.append(
+        f"executed on the stand-in: {sum(f.executed for f in report.findings)}"
+        f" ({report.executed_source or 'no recorded run for this tree'})"
+    )
     return lines
+
+
+def _listed(report: AuditReport, everything: bool) -> list[Finding]:
+    """The findings a view lists: all with --all; else the exposed ones (with
+    --since: every new one a person must look at)."""
+    if everything:
+        return report.findings
+    shown = SHOWN if report.since else (EXPOSED,)
+    return [f for f in report.findings if f.verdict in shown and not f.patched]
 
 
 def _exposed_effects(findings: list[Finding]) -> list[tuple[str, int]]:
@@ -54,43 +90,57 @@ def _exposed_effects(findings: list[Finding]) -> list[tuple[str, int]]:
 
 
 def render_text(report: AuditReport, verbose: bool = False) -> str:
-    lines: list[str] = []
-    shown = VERDICTS if verbose else SHOWN
-    for (file, function), items in grouped(report.findings):
-        items = [f for f in items if f.verdict in shown or f.patched]
-        if not items:
-            continue
+    lines = summary_lines(report)
+    lines.append("")
+    listed = _listed(report, verbose)
+    for (file, function), items in grouped(listed):
         lines.append(f"{file.removeprefix('python/')}: {function}")
         for f in items:
             ran = ", executed" if f.executed else ""
             fixed = (
                 " (the series fixes it)" if f.patched and f.verdict != "patched" else ""
             )
-            lines.append(f"  {f.line}: {f.api} [{f.effect}{ran}] {f.verdict}{fixed}")
+            lines.append(
+                f"  {f.line}: {f.api} [{f.kind}, {f.effect}{ran}] {f.verdict}{fixed}"
+            )
             if f.verdict == EXPOSED and f.replacement:
                 lines.append(f"      use: {f.replacement}")
             elif f.verdict != EXPOSED and f.reason:
                 lines.append(f"      {f.reason}")
-    if lines:
-        lines.append("")
+    if not listed:
+        lines.append(
+            "no exposed finding"
+            + (f" new since {report.since}" if report.since else "")
+        )
     for path, error in report.parse_errors:
         lines.append(f"warning: {path} {error}; the audit skipped it")
-    for entry, covered in report.triage:
-        if covered > 1:
-            lines.append(
-                f"triage: audit.toml:{entry.line} ({entry.describe()}) covers "
-                f"{covered} findings"
-            )
+    if verbose:
+        for entry, covered in report.triage:
+            if covered > 1:
+                lines.append(
+                    f"triage: audit.toml:{entry.line} ({entry.describe()}) covers "
+                    f"{covered} findings"
+                )
     for entry in report.stale:
         lines.append(
             f"stale: audit.toml:{entry.line} ({entry.describe()}) matches no "
             "finding; remove it"
         )
-    lines.extend(summary_lines(report))
+    if report.ledger is not None:
+        for entry, why in report.ledger.stale:
+            lines.append(
+                f"stale: xpu-reports.toml:{entry.line} {entry.url} "
+                f"({entry.describe()}): {why} on {report.ledger.release}"
+            )
+    if not verbose:
+        lines.append(
+            "(--all lists the triaged, patched, guarded, unreached and harmless "
+            "findings too, with each triage entry's coverage)"
+        )
     return "\n".join(lines)
 
 
-def render_markdown(report: AuditReport) -> str:
+def render_markdown(report: AuditReport, verbose: bool = False) -> str:
     """A job-summary table: the exposed and new findings, one row each."""
     lines = [f"### xpu-series audit: {report.label}", ""]
     lines += [f"- {line}" for line in summary_lines(report)]
@@ -99,17 +149,17 @@ def render_markdown(report: AuditReport) -> str:
             f"`{f.file.removeprefix('python/')}:{f.line}`",
             f"`{f.function}`",
             f"`{f.api}`",
+            f.kind,
             f.effect,
             f.verdict
             + (" (series fixes)" if f.patched and f.verdict != "patched" else ""),
             "yes" if f.executed else "",
         ]
-        for _, items in grouped(report.findings)
+        for _, items in grouped(_listed(report, verbose))
         for f in items
-        if f.verdict in SHOWN or f.patched
     ]
     if rows:
-        head = ["where", "function", "api", "effect", "verdict", "executed"]
+        head = ["where", "function", "api", "kind", "effect", "verdict", "executed"]
         lines += ["", "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
         lines += ["| " + " | ".join(r) + " |" for r in rows]
     return "\n".join(lines) + "\n"
@@ -127,8 +177,11 @@ def render_json(report: AuditReport) -> dict[str, Any]:
         "counts": {
             "verdict": report.count("verdict"),
             "effect": report.count("effect"),
+            "kind": report.by_kind(),
             "executed": sum(f.executed for f in report.findings),
         },
+        "surface": report.surface.to_json() if report.surface else None,
+        "ledger": report.ledger.to_json() if report.ledger else None,
         "findings": [f.to_json() for f in report.findings],
         "parse_errors": [{"file": p, "error": e} for p, e in report.parse_errors],
         "triage": [
@@ -137,6 +190,7 @@ def render_json(report: AuditReport) -> dict[str, Any]:
                 "file": e.file,
                 "function": e.function,
                 "api": e.api,
+                "kind": e.kind,
                 "reason": e.reason,
                 "covers": n,
             }

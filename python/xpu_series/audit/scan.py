@@ -6,7 +6,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import gc
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Any
 
 from xpu_series.audit.scan_classes import ClassScan
@@ -56,6 +56,8 @@ class FileScan:
     module: str
     findings: list[RawFinding] = field(default_factory=list)
     imports: list[ImportEdge] = field(default_factory=list)
+    # Raw findings the tree-wide pass keeps or drops (audit/surface.py).
+    pending: list[RawFinding] = field(default_factory=list)
     error: str = ""
     # The CUDA-only package the module imports unconditionally at its top (XPU
     # cannot import the module), or "".
@@ -72,14 +74,17 @@ class FileScan:
     quiet: dict[str, list[str]] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
+        # Not dataclasses.asdict: it deep-copies, and a cold audit writes
+        # every module's scan.
         return {
             "module": self.module,
-            "findings": [_compact(asdict(f)) for f in self.findings],
-            "imports": [asdict(i) for i in self.imports],
+            "findings": [_compact(f) for f in self.findings],
+            "imports": [_fields(i) for i in self.imports],
+            "pending": [_compact(f) for f in self.pending],
             "error": self.error,
             "blocks": self.blocks,
-            "classes": [asdict(c) for c in self.classes],
-            "uses": [asdict(u) for u in self.uses],
+            "classes": [_fields(c) for c in self.classes],
+            "uses": [_fields(u) for u in self.uses],
             "bindings": self.bindings,
             "registrations": self.registrations,
             "private_imports": self.private_imports,
@@ -89,9 +94,9 @@ class FileScan:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> FileScan:
         return cls(
-            data["module"],
-            [RawFinding(**f) for f in data["findings"]],
-            [
+            module=data["module"],
+            findings=[RawFinding(**f) for f in data["findings"]],
+            imports=[
                 ImportEdge(
                     tuple(i["targets"]),
                     i["guarded"],
@@ -101,26 +106,38 @@ class FileScan:
                 )
                 for i in data["imports"]
             ],
-            data["error"],
-            data.get("blocks", ""),
-            [
+            pending=[RawFinding(**f) for f in data.get("pending", [])],
+            error=data["error"],
+            blocks=data.get("blocks", ""),
+            classes=[
                 ClassFact(c["name"], c["line"], tuple(c["bases"]), c["methods"])
                 for c in data.get("classes", [])
             ],
-            [
+            uses=[
                 ClassUse(**{**u, "names": tuple(u["names"])})
                 for u in data.get("uses", [])
             ],
-            data.get("bindings", {}),
-            [tuple(r) for r in data.get("registrations", [])],  # type: ignore[misc]
-            [tuple(p) for p in data.get("private_imports", [])],  # type: ignore[misc]
-            data.get("quiet", {}),
+            bindings=data.get("bindings", {}),
+            registrations=[(r[0], r[1], r[2]) for r in data.get("registrations", [])],
+            private_imports=[
+                (p[0], p[1], p[2]) for p in data.get("private_imports", [])
+            ],
+            quiet=data.get("quiet", {}),
         )
 
 
-def _compact(data: dict[str, Any]) -> dict[str, Any]:
+def _fields(record: Any) -> dict[str, Any]:
+    return {f.name: getattr(record, f.name) for f in dataclasses.fields(record)}
+
+
+def _compact(finding: RawFinding) -> dict[str, Any]:
     """A finding without its empty optional fields (most have none)."""
-    return {k: v for k, v in data.items() if v or k not in ("effect", "evidence")}
+    data = _fields(finding)
+    if not finding.effect:
+        del data["effect"]
+    if not finding.evidence:
+        del data["evidence"]
+    return data
 
 
 def module_name(path: str) -> str:
@@ -194,6 +211,7 @@ def scan_source(
         classes=scanner.classes,
         uses=scanner.uses,
         bindings={k: v for k, v in scanner.bindings.items() if k[:1].isupper()},
+        pending=scanner.pending,
         registrations=scanner.registrations,
         private_imports=_private_uses(scanner),
         quiet=quiet,

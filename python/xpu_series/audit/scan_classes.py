@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import builtins
+import dataclasses
 import re
 
 from xpu_series.audit.guards import backend_like, describe, dotted
@@ -22,10 +23,13 @@ from xpu_series.audit.scan_records import ClassFact, ClassUse
 _BUILTINS = frozenset(dir(builtins))
 _TEST_TRIGGER = re.compile(rb"isinstance|type\(|__class__|backend")
 _FORWARD = re.compile(r"^forward_\w+$")
-# A backend value whose names the backend-class rule compares: attention's and
-# sampling's (the backends a user names per family).
+# A backend value whose names the backend-class rule compares: attention's (the
+# family whose registered factories give the backend XPU runs).
 _BACKEND_VALUE = re.compile(r"attention_backend|attn_backend|prefill_backend"
-                            r"|decode_backend|sampling_backend")  # fmt: skip
+                            r"|decode_backend")  # fmt: skip
+# Backends of other families whose names overlap attention's (a linear-attention
+# or MoE "triton" is not the attention backend).
+_OTHER_VALUE = re.compile(r"linear_attn|mamba|moe|lora|grammar|sampling")
 
 
 def method_kind(node: ast.FunctionDef | ast.AsyncFunctionDef) -> str:
@@ -61,6 +65,23 @@ def _class_names(node: ast.AST) -> list[str]:
     return [name for item in items if (name := dotted(item))]
 
 
+def _is_type_call(node: ast.AST) -> bool:
+    return (
+        isinstance(node, ast.Call)
+        and isinstance(node.func, ast.Name)
+        and node.func.id == "type"
+        and len(node.args) == 1
+    )
+
+
+def _chosen_classes(node: ast.AST) -> list[str]:
+    """`A`, or each class of `A if c else B`, when they look like classes."""
+    if isinstance(node, ast.IfExp):
+        return _chosen_classes(node.body) + _chosen_classes(node.orelse)
+    name = dotted(node) or ""
+    return [name] if name.rsplit(".", 1)[-1][:1].isupper() else []
+
+
 def _strings(node: ast.AST) -> list[str]:
     items = node.elts if isinstance(node, (ast.Tuple, ast.List, ast.Set)) else [node]
     return [
@@ -74,10 +95,13 @@ class ClassScan(ScanContext):
     """Class facts, builds and class tests (resolved when the module is done)."""
 
     def install_classes(self, text: bytes) -> None:
-        self.pending: list[ClassUse] = []
+        # Local names bound to a class chosen at run time
+        # (`cls = A if c else B`, then `cls(...)` builds one of them).
+        self.class_vars: dict[str, list[str]] = {}
         if b"class " in text:
             self.on_classdef.append(self._class_fact)
         self.on_call.append(self._build_or_isinstance)
+        self.on_assign.append(self._class_var)
         if _TEST_TRIGGER.search(text):
             self.on_compare.append(self._class_compare)
 
@@ -99,7 +123,7 @@ class ClassScan(ScanContext):
 
     def _use(self, node: ast.AST, how: str, names: list[str]) -> None:
         if names:
-            self.pending.append(
+            self.class_uses.append(
                 ClassUse(
                     getattr(node, "lineno", 0),
                     self.function,
@@ -107,8 +131,15 @@ class ClassScan(ScanContext):
                     tuple(names),
                     self.guard,
                     self.sibling,
+                    self.otherwise,
                 )
             )
+
+    def _class_var(self, node: ast.Assign) -> None:
+        if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+            names = _chosen_classes(node.value)
+            if names:
+                self.class_vars[node.targets[0].id] = names
 
     def _build_or_isinstance(self, node: ast.Call) -> None:
         func = node.func
@@ -118,6 +149,10 @@ class ClassScan(ScanContext):
                 self._use(node, "isinstance", _class_names(node.args[1]))
             elif name[:1].isupper() and name not in _BUILTINS:
                 self._use(node, "build", [name])
+            elif name in self.class_vars:
+                self._use(node, "build", self.class_vars[name])
+        elif isinstance(func, ast.IfExp):
+            self._use(node, "build", _chosen_classes(func))
         elif (
             isinstance(func, ast.Attribute)
             and func.attr[:1].isupper()
@@ -130,15 +165,21 @@ class ClassScan(ScanContext):
         if len(node.ops) != 1:
             return
         left, right, op = node.left, node.comparators[0], node.ops[0]
-        text = describe(left)
-        if isinstance(op, (ast.Is, ast.Eq)) and text.startswith("type("):
-            self._use(node, "isinstance", _class_names(right))
-        elif text.endswith("__class__.__name__") or (
-            text.startswith("type(") and text.endswith(").__name__")
-        ):
-            self._use(node, "classname", _strings(right))
-        elif backend_like(left) and _BACKEND_VALUE.search(text):
-            self._use(node, "backend-name", _strings(right))
+        if _is_type_call(left):
+            if isinstance(op, (ast.Is, ast.Eq)):
+                self._use(node, "isinstance", _class_names(right))
+        elif isinstance(left, ast.Attribute) and left.attr == "__name__":
+            owner = left.value
+            if _is_type_call(owner) or (
+                isinstance(owner, ast.Attribute) and owner.attr == "__class__"
+            ):
+                self._use(node, "classname", _strings(right))
+        elif backend_like(left):
+            text = (
+                dotted(left.func) if isinstance(left, ast.Call) else dotted(left)
+            ) or ""
+            if _BACKEND_VALUE.search(text) and not _OTHER_VALUE.search(text):
+                self._use(node, "backend-name", _strings(right))
 
     def resolve(self, name: str, local: set[str]) -> str:
         """The sglang name a dotted name in this module means, or ""."""
@@ -158,14 +199,10 @@ class ClassScan(ScanContext):
             bases = tuple(self.resolve(b, local) or b for b in fact.bases)
             facts.append(ClassFact(fact.name, fact.line, bases, fact.methods))
         self.classes = facts
-        for use in self.pending:
+        for use in self.class_uses:
             if use.how in ("classname", "backend-name"):
                 self.uses.append(use)
                 continue
             names = tuple(n for b in use.names if (n := self.resolve(b, local)))
             if names:
-                self.uses.append(
-                    ClassUse(
-                        use.line, use.function, use.how, names, use.guard, use.sibling
-                    )
-                )
+                self.uses.append(dataclasses.replace(use, names=names))

@@ -72,10 +72,15 @@ def _dtype_of(node: ast.AST | None) -> str:
     return ""
 
 
-def built(node: ast.AST) -> tuple[str, str]:
+Facts = dict[str, tuple[str, str]]
+
+
+def built(node: ast.AST, known: Facts | None = None) -> tuple[str, str]:
     """(device, dtype) of the tensor an expression builds, as far as it says:
     device "cpu" (built on the host), "device" (elsewhere) or ""; dtype as
-    `_dtype_of`."""
+    `_dtype_of`. `known` holds what earlier assignments built, by name."""
+    if isinstance(node, ast.Name):
+        return (known or {}).get(node.id, ("", ""))
     if not isinstance(node, ast.Call):
         return "", ""
     func = node.func
@@ -91,8 +96,11 @@ def built(node: ast.AST) -> tuple[str, str]:
                 where = "device"
             return where, _dtype_of(keywords.get("dtype"))
     if isinstance(func, ast.Attribute):
-        inner_device, inner_dtype = built(func.value)
+        inner_device, inner_dtype = built(func.value, known)
         method = func.attr
+        if method in ("clone", "contiguous", "detach", "new_tensor"):
+            # The same device (and for a clone, the same dtype) as its source.
+            return inner_device, inner_dtype if method != "new_tensor" else ""
         if method == "cpu":
             return "cpu", inner_dtype
         if method in ("long", "int", "short"):
@@ -122,9 +130,15 @@ class CollectiveScan(ScanContext):
             self.on_assign.append(self._remember_tensor)
             self.on_call.append(self._reduction)
 
+    def _known(self) -> Facts:
+        known: Facts = {}
+        for scope in self.values:
+            known.update(scope)
+        return known
+
     def _remember_tensor(self, node: ast.Assign) -> None:
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-            facts = built(node.value)
+            facts = built(node.value, self._known())
             if facts != ("", ""):
                 self.values[-1][node.targets[0].id] = facts
 
@@ -135,12 +149,7 @@ class CollectiveScan(ScanContext):
             arg = node.args[0]
         if arg is None:
             return None, "", ""
-        if isinstance(arg, ast.Name):
-            for scope in reversed(self.values):
-                if arg.id in scope:
-                    return arg, *scope[arg.id]
-            return arg, "", ""
-        return arg, *built(arg)
+        return arg, *built(arg, self._known())
 
     def _reduction(self, node: ast.Call) -> None:
         op = next(

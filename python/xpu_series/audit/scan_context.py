@@ -13,7 +13,47 @@ from xpu_series.audit.scan_records import ClassFact, ClassUse, ImportEdge, RawFi
 Hook = Callable[[Any], None]
 
 _EXITS = (ast.Return, ast.Raise, ast.Continue, ast.Break)
+# Nodes no rule reads and that hold nothing: a Name's Load, an operator.
+_LEAF = frozenset(
+    kind
+    for base in (ast.expr_context, ast.operator, ast.boolop, ast.unaryop, ast.cmpop)
+    for kind in base.__subclasses__()
+)
+# Fields that never hold a node (names, numbers, a constant's value).
+_SCALARS = frozenset(
+    {"id", "attr", "name", "module", "level", "arg", "asname", "type_comment"}
+    | {"kind", "conversion", "is_async", "ctx", "op", "ops", "tag", "rest"}
+)
+_CHILDREN: dict[type, tuple[str, ...]] = {}
+
+
+def _child_fields(kind: type) -> tuple[str, ...]:
+    """The fields of a node class that may hold nodes."""
+    fields: tuple[str, ...] = getattr(kind, "_fields", ())
+    if kind in (ast.Constant, ast.MatchSingleton):
+        return ()
+    if kind in (ast.Global, ast.Nonlocal):
+        return ()
+    return tuple(f for f in fields if f not in _SCALARS)
+
+
 _IMPORT_ERRORS = {"ImportError", "ModuleNotFoundError", "Exception", "BaseException"}
+
+
+def mentions_xpu(node: ast.AST) -> bool:
+    """Whether an expression names XPU (`is_xpu()`, `_is_xpu`, `"xpu"`)."""
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Name):
+            text = sub.id
+        elif isinstance(sub, ast.Attribute):
+            text = sub.attr
+        elif isinstance(sub, ast.Constant) and isinstance(sub.value, str):
+            text = sub.value
+        else:
+            continue
+        if "xpu" in text.lower():
+            return True
+    return False
 
 
 def module_truths(tree: ast.Module) -> dict[str, bool | None]:
@@ -63,6 +103,7 @@ class ScanContext(ast.NodeVisitor):
     """The walk every rule shares: guards, scopes and what the rules found."""
 
     def __init__(self, module: str, package: str, cuda_packages: frozenset[str]):
+        self._methods: dict[type, Callable[[Any], Any]] = {}
         self.module = module
         self.package = package
         self.cuda_packages = cuda_packages
@@ -79,6 +120,9 @@ class ScanContext(ast.NodeVisitor):
         self.torch_aliases = {"torch"}
         self.cuda_aliases: dict[str, str] = {}  # `from torch import cuda` and kin
         self.findings: list[RawFinding] = []
+        # Findings only the whole tree can judge (kept or dropped by the
+        # tree-wide pass: an sgl_kernel name against the XPU package's surface).
+        self.pending: list[RawFinding] = []
         self.imports: list[ImportEdge] = []
         # (private name, the function using it, guarded there) and each
         # function's qualified name by its own name.
@@ -92,11 +136,13 @@ class ScanContext(ast.NodeVisitor):
         self.values: list[dict[str, tuple[str, str]]] = [{}]
         # The XPU arm of the if-chain whose test is being visited, or "".
         self.sibling = ""
+        self.otherwise = ""  # "raises" when that chain's last `else` raises
         # Local name -> the sglang name it is bound to (`from a.b import C`:
         # C -> a.b.C; `import a.b as m`: m -> a.b), and the tree-wide facts.
         self.bindings: dict[str, str] = {}
         self.classes: list[ClassFact] = []
         self.uses: list[ClassUse] = []
+        self.class_uses: list[ClassUse] = []  # as written, resolved at the end
         # (decorator, backend name, factory function) of each registration.
         self.registrations: list[tuple[str, str, str]] = []
         # Private names other modules take from here: (module, name, guarded).
@@ -115,14 +161,20 @@ class ScanContext(ast.NodeVisitor):
 
     # --- bookkeeping -------------------------------------------------------
     def add(
-        self, node: ast.AST, api: str, kind: str, effect: str = "", evidence: str = ""
+        self,
+        node: ast.AST,
+        api: str,
+        kind: str,
+        effect: str = "",
+        evidence: str = "",
+        pending: bool = False,
     ) -> None:
         if self.asserting and not effect:
             # The check sits in an assert that fails on XPU: whatever the API
             # does, the assert raises first.
             effect = "raises"
             evidence = f"`assert {self.asserting}` fails on XPU: AssertionError"
-        self.findings.append(
+        (self.pending if pending else self.findings).append(
             RawFinding(
                 line=getattr(node, "lineno", 0),
                 function=".".join(self.scope) or "<module>",
@@ -172,16 +224,33 @@ class ScanContext(ast.NodeVisitor):
         if pushed:
             del self.guards[-pushed:]
 
+    def visit(self, node: ast.AST) -> Any:
+        # NodeVisitor.visit builds a method name per node; a big module has a
+        # million nodes, so each class's method is looked up once.
+        kind = node.__class__
+        method = self._methods.get(kind)
+        if method is None:
+            method = getattr(self, f"visit_{kind.__name__}", self.generic_visit)
+            self._methods[kind] = method
+        return method(node)
+
     def generic_visit(self, node: ast.AST) -> None:
-        for _name, value in ast.iter_fields(node):
-            if isinstance(value, list):
+        kind = node.__class__
+        names = _CHILDREN.get(kind)
+        if names is None:
+            names = _CHILDREN[kind] = _child_fields(kind)
+        for name in names:
+            value = getattr(node, name, None)
+            if value is None:
+                continue
+            if value.__class__ is list:
                 if value and isinstance(value[0], ast.stmt):
                     self.block(value)
                 else:
                     for item in value:
-                        if isinstance(item, ast.AST):
+                        if isinstance(item, ast.AST) and item.__class__ not in _LEAF:
                             self.visit(item)
-            elif isinstance(value, ast.AST):
+            elif value.__class__ not in _LEAF:
                 self.visit(value)
 
     # --- scopes ------------------------------------------------------------
@@ -242,15 +311,17 @@ class ScanContext(ast.NodeVisitor):
 
     def _visit_if(self, node: ast.If) -> None:
         if self.on_compare or self.on_call:
-            outer, self.sibling = self.sibling, self._xpu_arm(node)
+            outer = self.sibling, self.otherwise
+            self.sibling, self.otherwise = self._xpu_arm(node)
             try:
                 self.visit(node.test)
             finally:
-                self.sibling = outer
+                self.sibling, self.otherwise = outer
         else:
             self.visit(node.test)
         truth = xpu_truth(node.test, self.env)
-        cond = describe(node.test)
+        # Described only when it guards something (unparsing costs).
+        cond = describe(node.test) if truth is not None else ""
         if truth is False:
             self.under(f"`if {cond}` (line {node.lineno}) is False on XPU", node.body)
         else:
@@ -262,16 +333,16 @@ class ScanContext(ast.NodeVisitor):
         else:
             self.block(node.orelse)
 
-    def _xpu_arm(self, node: ast.If) -> str:
-        """The first later arm of this if-chain that XPU takes, or names XPU."""
+    def _xpu_arm(self, node: ast.If) -> tuple[str, str]:
+        """The first later arm of this if-chain that XPU takes, or names XPU
+        (or ""); and "raises" when the chain's last `else` only raises."""
         arm = node.orelse
         while len(arm) == 1 and isinstance(arm[0], ast.If):
             test = arm[0].test
-            text = describe(test)
-            if xpu_truth(test, self.env) is True or "xpu" in text.lower():
-                return f"`elif {text}` (line {arm[0].lineno})"
+            if xpu_truth(test, self.env) is True or mentions_xpu(test):
+                return f"`elif {describe(test)}` (line {arm[0].lineno})", ""
             arm = arm[0].orelse
-        return ""
+        return "", "raises" if len(arm) == 1 and isinstance(arm[0], ast.Raise) else ""
 
     def visit_While(self, node: ast.While) -> None:
         with self._conditionally():
@@ -288,7 +359,7 @@ class ScanContext(ast.NodeVisitor):
     def visit_IfExp(self, node: ast.IfExp) -> None:
         self.visit(node.test)
         truth = xpu_truth(node.test, self.env)
-        cond = describe(node.test)
+        cond = describe(node.test) if truth is not None else ""
         if truth is False:
             self.under(f"`... if {cond}` is False on XPU", node.body)
         else:

@@ -41,7 +41,19 @@ class DeviceScan(ScanContext):
         for hook in self.on_call:
             hook(node)
         func = node.func
-        fname = dotted(func) or ""
+        tail = (
+            func.attr
+            if isinstance(func, ast.Attribute)
+            else func.id
+            if isinstance(func, ast.Name)
+            else ""
+        )
+        # The full name matters for three callees only (most calls are none).
+        fname = (
+            dotted(func) or ""
+            if tail in ("cuda", "device") or tail.endswith("set_default_device")
+            else ""
+        )
         if isinstance(func, ast.Attribute) and func.attr == "is_cuda":
             # `platform.is_cuda()` is a platform check (a guard), not a tensor's.
             self.visit(func.value)

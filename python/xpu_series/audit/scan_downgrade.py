@@ -16,7 +16,7 @@ import ast
 import re
 
 from xpu_series.audit.guards import describe, dotted, xpu_truth
-from xpu_series.audit.scan_context import ScanContext
+from xpu_series.audit.scan_context import ScanContext, mentions_xpu
 from xpu_series.audit.scan_records import XPU_DOWNGRADE
 
 TRIGGER = re.compile(rb"xpu")
@@ -47,9 +47,10 @@ _SCOPES = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)
 
 def _explicit_xpu(node: ast.AST, env: dict[str, bool | None]) -> bool | None:
     """True/False when `node` is an explicit XPU test and its value on XPU."""
-    if "xpu" not in describe(node).lower():
+    truth = xpu_truth(node, env)
+    if truth is None or not mentions_xpu(node):
         return None
-    return xpu_truth(node, env)
+    return truth
 
 
 def _strings(node: ast.AST) -> str:
@@ -109,7 +110,7 @@ class DowngradeScan(ScanContext):
         messages = _norm(
             " ".join(_strings(s) for s in _walk_statements(branch) if _warns(s))
         )
-        unset = bool(_UNSET.search(cond))
+        unset = bool(_UNSET.search(ast.unparse(node.test)))
         self._writes(branch, cond, messages, unset, [branch])
 
     def _writes(
@@ -125,7 +126,9 @@ class DowngradeScan(ScanContext):
             if isinstance(stmt, _SCOPES):
                 continue
             if isinstance(stmt, ast.If):
-                inner = unset or bool(_UNSET.search(describe(stmt.test)))
+                if _explicit_xpu(stmt.test, self.env) is not None:
+                    continue  # an XPU test of its own: its hook reads it
+                inner = unset or bool(_UNSET.search(ast.unparse(stmt.test)))
                 self._writes(stmt.body, cond, messages, inner, [*path, stmt.body])
                 self._writes(stmt.orelse, cond, messages, inner, [*path, stmt.orelse])
                 continue

@@ -27,9 +27,10 @@ PACKAGE = "sgl_kernel"
 def none_on_xpu(
     tree: ast.Module, env: dict[str, bool | None]
 ) -> dict[str, tuple[int, str]]:
-    """Module-level names imported only in arms XPU never takes and bound to None
-    in an arm it takes: name -> (line of the None, the module it comes from)."""
-    dead: dict[str, str] = {}  # name -> module of its import in a dead arm
+    """Module-level names imported from sgl_kernel only in arms XPU never takes and
+    bound to None in an arm it takes: name -> (line of the None, the modules the
+    other arms import it from)."""
+    dead: dict[str, list[str]] = {}  # name -> modules it is imported from there
     alive_none: dict[str, int] = {}
     alive_other: set[str] = set()
 
@@ -51,7 +52,7 @@ def none_on_xpu(
                     if alive:
                         alive_other.add(name)
                     else:
-                        dead.setdefault(name, source or alias.name)
+                        dead.setdefault(name, []).append(source or alias.name)
             elif isinstance(stmt, ast.Assign):
                 for target in stmt.targets:
                     if not isinstance(target, ast.Name):
@@ -66,10 +67,13 @@ def none_on_xpu(
                         alive_other.add(target.id)
 
     walk(tree.body, True)
+    # Only a name another device takes from the package XPU has too: whether
+    # XPU's build exports it is the tree-wide pass's question.
     return {
-        name: (line, dead[name])
+        name: (line, ", ".join(dead[name]))
         for name, line in alive_none.items()
-        if name in dead and name not in alive_other
+        if name not in alive_other
+        and any(m == PACKAGE or m.startswith(PACKAGE + ".") for m in dead.get(name, []))
     }
 
 
@@ -86,7 +90,7 @@ class KernelScan(ScanContext):
             chains = none_on_xpu(tree, self.env)
             for name, (line, source) in sorted(chains.items()):
                 # What the evidence needs later: where the other arms take it.
-                self.findings.append(
+                self.pending.append(
                     RawFinding(
                         line,
                         "<module>",
@@ -106,18 +110,26 @@ class KernelScan(ScanContext):
                 if alias.name == PACKAGE or alias.name.startswith(PACKAGE + "."):
                     self.kernel_aliases.add(alias.asname or PACKAGE)
                     if alias.name != PACKAGE:
-                        self.add(node, alias.name, KERNEL_SURFACE, "raises")
+                        self.add(
+                            node, alias.name, KERNEL_SURFACE, "raises", pending=True
+                        )
             return
         if node.level or not node.module:
             return
         if node.module == PACKAGE:
             for alias in node.names:
                 if alias.name != "*":
-                    self.add(node, f"{PACKAGE}.{alias.name}", KERNEL_SURFACE, "raises")
+                    self.add(
+                        node,
+                        f"{PACKAGE}.{alias.name}",
+                        KERNEL_SURFACE,
+                        "raises",
+                        pending=True,
+                    )
         elif node.module.startswith(PACKAGE + "."):
             # Only the module can be checked: the surface lists the package's
             # own top-level names, not each submodule's.
-            self.add(node, node.module, KERNEL_SURFACE, "raises")
+            self.add(node, node.module, KERNEL_SURFACE, "raises", pending=True)
 
     def _kernel_attribute(self, node: ast.Attribute) -> None:
         if (
@@ -126,4 +138,6 @@ class KernelScan(ScanContext):
             and isinstance(node.ctx, ast.Load)
             and not self._shadowed(node.value.id)
         ):
-            self.add(node, f"{PACKAGE}.{node.attr}", KERNEL_SURFACE, "raises")
+            self.add(
+                node, f"{PACKAGE}.{node.attr}", KERNEL_SURFACE, "raises", pending=True
+            )

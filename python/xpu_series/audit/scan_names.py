@@ -94,7 +94,17 @@ class NameScan(ScanContext):
                 self.private_imports.append(
                     (self.bindings[owner], node.attr, bool(self.guards))
                 )
-        name = dotted(node)
+        base = node.value
+        while isinstance(base, ast.Attribute):
+            base = base.value
+        # Only a chain on torch or a torch.cuda alias can be a finding: the
+        # dotted name is built for those alone (most attributes are neither).
+        name = (
+            dotted(node)
+            if isinstance(base, ast.Name)
+            and (base.id in self.torch_aliases or base.id in self.cuda_aliases)
+            else None
+        )
         if name is not None and isinstance(node.ctx, ast.Load):
             head, _, rest = name.partition(".")
             if head in self.torch_aliases and (

@@ -92,4 +92,6 @@ class ClassUse:
     # For a test: an arm of the same if-chain that XPU takes (`elif is_xpu():`),
     # or "" when none does.
     sibling: str = ""
-    negated: bool = False  # `not isinstance(...)` / `not in`
+    # "raises" when the if-chain's last `else` (what a value no arm matches
+    # gets) only raises.
+    otherwise: str = ""

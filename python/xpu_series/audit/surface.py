@@ -114,12 +114,13 @@ def load_surface(path: Path = DEFAULT) -> Surface:
     )
 
 
-def judge_kernels(findings: list[RawFinding], surface: Surface) -> list[RawFinding]:
-    """Keep the `kernel-surface` uses the surface lacks, and the selection chains
-    whose name it exports; state their effect against the surface's commit."""
+def judge_kernels(pending: list[RawFinding], surface: Surface) -> list[RawFinding]:
+    """Of a module's pending findings, the `kernel-surface` uses the surface lacks
+    and the selection chains whose name it exports, with their effect stated
+    against the surface's commit."""
     out = []
     newer = f"unless the installed sgl-kernel-xpu is newer than {surface.short}"
-    for raw in findings:
+    for raw in pending:
         if raw.kind == KERNEL_SURFACE:
             if surface.provides(raw.api):
                 continue

@@ -2,33 +2,52 @@
 
 from __future__ import annotations
 
+import re
 import tomllib
 from dataclasses import dataclass
-from fnmatch import fnmatchcase
+from fnmatch import translate
+from functools import cache
 from pathlib import Path
 
+from xpu_series.audit.scan_records import CUDA_KINDS, KINDS
 from xpu_series.errors import UsageError
 
-_KEYS = {"file", "function", "api", "reason"}
+_KEYS = {"file", "function", "api", "kind", "reason"}
+
+
+@cache
+def _pattern(pattern: str) -> re.Pattern[str]:
+    # fnmatch's own cache holds 256 patterns; audit.toml has more.
+    return re.compile(translate(pattern))
+
+
+def _match(name: str, pattern: str) -> bool:
+    return _pattern(pattern).match(name) is not None
 
 
 @dataclass(frozen=True)
 class TriageEntry:
     """One accepted group of findings. `file`, `function` and `api` are shell
     patterns (`*` matches across dots and slashes); `function` and `api` are
-    optional and narrow the entry. Never a line number: lines move."""
+    optional and narrow the entry. `kind` names the finding kind it accepts;
+    without it, an entry accepts only the CUDA-call kinds (a reason written for
+    a torch.cuda call says nothing about a collective or a kernel name). Never
+    a line number: lines move."""
 
     line: int  # where the entry starts in audit.toml (for messages)
     file: str
     reason: str
     function: str = ""
     api: str = ""
+    kind: str = ""
 
-    def matches(self, file: str, function: str, api: str) -> bool:
+    def matches(self, file: str, function: str, api: str, kind: str = "") -> bool:
+        if kind and (kind != self.kind if self.kind else kind not in CUDA_KINDS):
+            return False
         return (
-            fnmatchcase(file, self.file)
-            and (not self.function or fnmatchcase(function, self.function))
-            and (not self.api or fnmatchcase(api, self.api))
+            _match(file, self.file)
+            and (not self.function or _match(function, self.function))
+            and (not self.api or _match(api, self.api))
         )
 
     def describe(self) -> str:
@@ -37,6 +56,8 @@ class TriageEntry:
             parts.append(f"function {self.function}")
         if self.api:
             parts.append(f"api {self.api}")
+        if self.kind:
+            parts.append(f"kind {self.kind}")
         return ", ".join(parts)
 
 
@@ -48,16 +69,16 @@ class TriageIndex:
         self.entries = entries
         self._by_file: dict[str, list[int]] = {}
 
-    def first_match(self, file: str, function: str, api: str) -> int | None:
+    def first_match(
+        self, file: str, function: str, api: str, kind: str = ""
+    ) -> int | None:
         """The index of the first entry that matches, or None."""
         candidates = self._by_file.get(file)
         if candidates is None:
-            candidates = [
-                i for i, e in enumerate(self.entries) if fnmatchcase(file, e.file)
-            ]
+            candidates = [i for i, e in enumerate(self.entries) if _match(file, e.file)]
             self._by_file[file] = candidates
         for i in candidates:
-            if self.entries[i].matches(file, function, api):
+            if self.entries[i].matches(file, function, api, kind):
                 return i
         return None
 
@@ -82,7 +103,7 @@ def load_triage(path: Path) -> list[TriageEntry]:
         raise UsageError(
             f"{path} is not valid TOML: {exc}",
             hint="fix that line; each entry is [[accept]] with file, reason and "
-            "optionally function and api",
+            "optionally function, api and kind",
         ) from None
     extra = sorted(set(data) - {"accept"})
     if extra:
@@ -102,8 +123,8 @@ def load_triage(path: Path) -> list[TriageEntry]:
         if unknown:
             raise UsageError(
                 f"{where}: unknown key {unknown[0]!r} in [[accept]]",
-                hint="an entry has file, reason, and optionally function and api "
-                "(never a line number: lines move between releases)",
+                hint="an entry has file, reason, and optionally function, api and "
+                "kind (never a line number: lines move between releases)",
             )
         for key in ("file", "reason"):
             if not isinstance(raw.get(key), str) or not raw[key].strip():
@@ -111,9 +132,16 @@ def load_triage(path: Path) -> list[TriageEntry]:
                     f"{where}: [[accept]] needs a non-empty {key!r}",
                     hint="say which file and why the finding is accepted",
                 )
-        for key in ("function", "api"):
+        for key in ("function", "api", "kind"):
             if key in raw and not isinstance(raw[key], str):
                 raise UsageError(f"{where}: {key!r} must be a string")
+        kind = raw.get("kind", "").strip()
+        if kind and kind not in KINDS:
+            raise UsageError(
+                f"{where}: unknown kind {kind!r} in [[accept]]",
+                hint=f"the kinds are {', '.join(KINDS)} (without kind, an entry "
+                "accepts the CUDA-call kinds)",
+            )
         entries.append(
             TriageEntry(
                 line=line,
@@ -121,6 +149,7 @@ def load_triage(path: Path) -> list[TriageEntry]:
                 reason=" ".join(raw["reason"].split()),
                 function=raw.get("function", "").strip(),
                 api=raw.get("api", "").strip(),
+                kind=kind,
             )
         )
     return entries

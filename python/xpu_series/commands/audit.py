@@ -1,13 +1,18 @@
-"""audit: CUDA-only code on the paths an XPU server runs, per release.
+"""audit: XPU hazards on the paths an XPU server runs, per release.
 
-Scans every module under python/sglang/ for torch.cuda calls, .cuda(), "cuda"
-device literals, is_cuda tests, names imported only under a CUDA/ROCm guard and
-CUDA-only packages; decides from the import graph whether an XPU server imports
-the module, from the conditions around each use whether XPU can get there, and
-from a measured table what each API does on XPU. Findings the series fixes are
-`patched`; patches/audit.toml accepts the rest with a reason (`triaged`); what
-remains is `exposed`. `--trace` runs the CPU stand-in server and marks the
-findings that executed.
+Scans every module under python/sglang/ for CUDA-only code (torch.cuda calls,
+.cuda(), "cuda" device literals, is_cuda tests, names imported only under a
+CUDA/ROCm guard, CUDA-only packages) and for the other bug classes XPU users hit:
+settings an XPU predicate silently overrides, behaviour keyed to a backend class
+XPU's is not, non-SUM reductions on xccl, tensor IPC that only knows CUDA,
+sgl_kernel names the XPU kernel package lacks, and platform dispatch with no XPU
+arm. It decides from the import graph whether an XPU server imports the module,
+from the conditions around each use whether XPU can get there, and what each
+does on XPU. Findings the series fixes are `patched`; patches/audit.toml accepts
+the rest with a reason (`triaged`); what remains is `exposed`. The summary comes
+first, then the exposed findings (`--all` lists the others). `--trace` runs the
+CPU stand-in server and marks the findings that executed; patches/xpu-reports.toml
+(upstream's XPU reports) is re-checked on the audited release.
 """
 
 from __future__ import annotations
@@ -17,7 +22,14 @@ import json
 import sys
 from pathlib import Path
 
-from xpu_series.audit.analysis import AuditReport, run_audit
+from xpu_series.audit.analysis import AuditReport, Finding, run_audit
+from xpu_series.audit.ledger import (
+    LedgerCheck,
+    Report,
+    check_ledger,
+    load_ledger,
+    wanted,
+)
 from xpu_series.audit.render import (
     render_json,
     render_markdown,
@@ -32,6 +44,8 @@ from xpu_series.audit.source import (
     release_base,
     series_tree,
 )
+from xpu_series.audit.surface import DEFAULT as DEFAULT_SURFACE
+from xpu_series.audit.surface import load_surface
 from xpu_series.audit.trace import cached_trace, commit_key, record_trace
 from xpu_series.audit.triage import load_triage
 from xpu_series.commands import Context, Output, add_tree
@@ -41,8 +55,9 @@ from xpu_series.project import Project
 from xpu_series.result import ExitCode
 from xpu_series.stack.tree import UPSTREAM_TAG
 
-HELP = "find CUDA-only code on XPU server paths (per release, triaged)"
+HELP = "find XPU hazards on XPU server paths (per release, triaged)"
 TRIAGE = "audit.toml"
+LEDGER = "xpu-reports.toml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -80,14 +95,27 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--all",
+        "--verbose",
         dest="verbose",
         action="store_true",
-        help="list guarded, unreached and harmless findings too",
+        help="list every finding (triaged, patched, guarded, unreached, harmless) "
+        "and what each triage entry covers, not only the exposed ones",
     )
     p.add_argument(
         "--triage",
         metavar="FILE",
         help=f"the triage file (default: patches/{TRIAGE})",
+    )
+    p.add_argument(
+        "--ledger",
+        metavar="FILE",
+        help=f"the ledger of upstream XPU reports (default: patches/{LEDGER})",
+    )
+    p.add_argument(
+        "--surface",
+        metavar="FILE",
+        help="the XPU kernel package's surface (default: the audit's own copy, "
+        "python/xpu_series/audit/data/sgl-kernel-xpu-api.json)",
     )
 
 
@@ -177,18 +205,45 @@ def run(ctx: Context, project: Project) -> AuditReport:
     triage_path = Path(args.triage) if args.triage else project.patches_dir / TRIAGE
     if args.triage and not triage_path.is_file():
         raise UsageError(f"{triage_path} does not exist", hint="check the path")
+    ledger_path = Path(args.ledger) if args.ledger else project.patches_dir / LEDGER
+    if args.ledger and not ledger_path.is_file():
+        raise UsageError(f"{ledger_path} does not exist", hint="check the path")
+    triage = load_triage(triage_path)
+    reports = load_ledger(ledger_path)
+    surface = load_surface(Path(args.surface) if args.surface else DEFAULT_SURFACE)
+
+    def recheck(findings: list[Finding]) -> LedgerCheck:
+        return _recheck(reports, ledger_path, version, files, findings)
+
     return run_audit(
         files,
         project.cache_dir,
-        load_triage(triage_path),
+        triage,
         series_files=series_files,
         pristine_files=pristine_files,
         since_files=since_files,
         since=args.since or "",
         executed=executed,
         executed_source=source,
+        surface=surface,
+        ledger=recheck if reports else None,
         say=say,
     )
+
+
+def _recheck(
+    reports: list[Report],
+    path: Path,
+    version: str,
+    files: TreeFiles,
+    findings: list[Finding],
+) -> LedgerCheck:
+    """The ledger's locators against the audited tree's text and findings."""
+    paths = wanted(reports, sorted(files.blobs))
+    texts = {
+        p: data.decode("utf-8", "replace") for p, data in files.read(paths).items()
+    }
+    return check_ledger(reports, path.name, version, texts, findings)
 
 
 def _python(project: Project) -> Path:
@@ -201,7 +256,7 @@ def execute(ctx: Context) -> Output:
     report = run(ctx, project)
     out = Output(data=render_json(report) if ctx.json else None)
     if ctx.args.markdown:
-        out.out.append(render_markdown(report))
+        out.out.append(render_markdown(report, ctx.args.verbose))
     else:
         out.out.append(render_text(report, ctx.args.verbose))
     if ctx.args.sarif:

@@ -3,61 +3,33 @@
 from __future__ import annotations
 
 import argparse
-import hashlib
-import threading
-import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from xpu_series.commands import Context, Output, problems_hint
-from xpu_series.errors import UsageError, XpuSeriesError
-from xpu_series.git import Git
+from xpu_series.errors import UsageError
 from xpu_series.lock import tree_lock
 from xpu_series.project import Project
-from xpu_series.proofs import mutant_worker
-from xpu_series.proofs.mutants import (
-    ACCEPTED,
-    Mutant,
-    PatchMutants,
-    load_accepted,
-    patch_mutants,
-    run_worker,
-)
-from xpu_series.proofs.proof import (
-    Counts,
-    PrefixRunner,
-    Run,
-    Worktrees,
-    count,
-    load_outcomes,
-    outcome_key,
-    store_json,
-)
-from xpu_series.proofs.record import (
-    RECORD_HINT,
-    PatchInputs,
-    ProofPlan,
-    Recorded,
-    SeriesFacts,
-    in_ci,
-    load_record,
-    patch_inputs,
-    plan_proofs,
-    prove_all_asked,
-    record_path,
-    sample_size,
-    save_record,
+from xpu_series.proofs.mutant_runs import MutantsResult, run_mutants
+from xpu_series.proofs.mutants import ACCEPTED, PatchMutants
+from xpu_series.proofs.proof import Counts, PrefixRunner, Run, count
+from xpu_series.proofs.record import RECORD_HINT, Recorded, save_record
+from xpu_series.proofs.series_proof import (
+    MUTANTS_FOLDER,
+    Proving,
+    RecordCheck,
+    check_record,
+    select,
+    series_prefixes,
 )
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, Report
-from xpu_series.stack.build import ScratchRequest, build_scratch
-from xpu_series.stack.bytecode import prime
-from xpu_series.stack.tree import UPSTREAM_TAG
 from xpu_series.ui import render_report, table
 
 HELP = "prove each patch's tests fail without it and pass with it"
+# Where the record lives, as the user sees it.
+RECORD = "patches/proofs.json"
 
 
 @dataclass(frozen=True)
@@ -214,8 +186,12 @@ def run_verify(
             kept = recorded[name].result
             result.proofs.append(
                 PatchProof(
-                    name, spec, Counts(**kept["without"]), Counts(**kept["with"]),
-                    kept["verdict"], "record",
+                    name,
+                    spec,
+                    Counts(**kept["without"]),
+                    Counts(**kept["with"]),
+                    kept["verdict"],
+                    "record",
                 )  # fmt: skip
             )
             continue
@@ -273,11 +249,12 @@ def _render_mutants(out: Output, result: MutantsResult) -> None:
     rows = [
         [
             p.name,
-            str(len(p.made)),
+            str(p.made_count),
             str(p.killed),
-            str(sum(m.id in p.accepted for m in p.survivors)),
+            str(p.accepted_count),
             str(len(p.unaccepted)),
-            f"{p.seconds:.0f}s",
+            "-" if p.recorded is not None else f"{p.seconds:.0f}s",
+            _mutants_source(p, result.record),
             "ok"
             if p.ok
             else (
@@ -290,12 +267,8 @@ def _render_mutants(out: Output, result: MutantsResult) -> None:
         ]
         for p in result.patches
     ]
-    out.out.append(
-        table(
-            ["patch", "mutants", "killed", "accepted", "survived", "time", "verdict"],
-            rows,
-        )  # fmt: skip
-    )
+    head = ["patch", "mutants", "killed", "accepted", "survived", "time", "proof"]
+    out.out.append(table([*head, "verdict"], rows))
     for patch in result.patches:
         for mutant in patch.unaccepted:
             out.out.append(f"survived {mutant.id} {mutant.operator}: {mutant.diff}")
@@ -304,11 +277,43 @@ def _render_mutants(out: Output, result: MutantsResult) -> None:
                 f"--mutant {mutant.id}"
             )
     out.out.append(f"total {result.seconds:.0f}s")
-    if not result.ok:
+    if not all(p.ok for p in result.patches):
         out.err.append(
             f"hint: kill each survivor with a test of behaviour, or accept it with a "
             f"reason in {ACCEPTED}"
         )
+
+
+def _mutants_source(patch: PatchMutants, check: RecordCheck) -> str:
+    """record (trusted), re-proven (the sample, or --all), cache or ran."""
+    if patch.recorded is not None:
+        return "record"
+    if patch.name in check.reproven:
+        return "re-proven"
+    return "cache" if patch.cached else "ran"
+
+
+def _render_record(out: Output, check: RecordCheck, verb: str) -> None:
+    """What the run did with patches/proofs.json: disagreements (they fail it),
+    stale records (they fail it in CI), what it recorded."""
+    for line in check.disagreements:
+        out.err.append(f"error: {line}")
+    if check.disagreements:
+        out.err.append(
+            "hint: a re-proof must measure what the record says; look at its "
+            f"output ('{verb} -v PATCH'), and once the cause is known, "
+            f"'{verb} --all --record' writes the record anew"
+        )
+    if check.stale:
+        word = "error" if check.stale_fails else "note"
+        out.err.append(
+            f"{word}: the record of {len(check.stale)} patch(es) is stale or "
+            f"missing, so they were proven in full: {', '.join(check.stale)}"
+        )
+        out.err.append(f"hint: {RECORD_HINT}")
+    if check.recorded:
+        shown = ", ".join(n[:4] for n in check.recorded)
+        out.err.append(f"recorded {len(check.recorded)} patch(es) in {RECORD}: {shown}")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -330,6 +335,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="run every test again instead of reusing outcomes of the same tree",
     )
+    p.add_argument(
+        "--all",
+        action="store_true",
+        dest="everything",
+        help="re-prove every patch, not only those whose record is stale and the "
+        "run's sample (also XPU_SERIES_PROVE_ALL=1)",
+    )
+    p.add_argument(
+        "--record",
+        action="store_true",
+        help="write what this run proves into patches/proofs.json",
+    )
 
 
 def execute(ctx: Context) -> Output:
@@ -337,6 +354,12 @@ def execute(ctx: Context) -> Output:
     args = ctx.args
     if args.mutant and not args.mutants:
         raise UsageError("--mutant ID goes with --mutants")
+    if args.mutant and args.record:
+        raise UsageError(
+            "--record goes with whole proofs, not one mutant",
+            hint="run 'xpu-series verify --mutants PATCH --record'",
+        )
+    proving = Proving(everything=args.everything, record=args.record)
     # One run at a time per folder: two runs side by side would check out (or
     # mutate) the same worktrees under each other. Proofs and mutants have a
     # folder each, so one of each can run at once.
@@ -346,10 +369,18 @@ def execute(ctx: Context) -> Output:
         if args.mutants:
             return _mutants_output(
                 run_mutants(
-                    project, args.jobs, args.patches, args.mutant, args.fresh, ctx.say
-                )
+                    project,
+                    args.jobs,
+                    args.patches,
+                    args.mutant,
+                    args.fresh,
+                    ctx.say,
+                    proving,
+                )  # fmt: skip
             )
-        result = run_verify(project, args.jobs, args.patches, args.fresh, ctx.say)
+        result = run_verify(
+            project, args.jobs, args.patches, args.fresh, ctx.say, proving
+        )
     return _proof_output(result, args.verbose)
 
 
@@ -359,6 +390,7 @@ def _mutants_output(mutants: MutantsResult) -> Output:
         out.out.append(render_report(mutants.apply))
         problems_hint(out, mutants.apply.problems, "verify")
     _render_mutants(out, mutants)
+    _render_record(out, mutants.record, "xpu-series verify --mutants")
     out.code = ExitCode.OK if mutants.ok else ExitCode.FAILED
     return out
 
@@ -374,13 +406,16 @@ def _proof_output(result: VerifyResult, verbose: bool) -> Output:
             ", ".join(Path(t.split("::")[0]).name for t in p.tests) or "-",
             str(p.without),
             str(p.with_patch),
+            p.source,
             p.verdict + (" (by errors only)" if p.only_errors else ""),
         ]
         for p in result.proofs
     ]
-    out.out.append(table(["patch", "tests", "without", "with", "verdict"], rows))
+    head = ["patch", "tests", "without", "with", "proof", "verdict"]
+    out.out.append(table(head, rows))
     for error in result.errors:
         out.err.append(f"error: {error}")
+    _render_record(out, result.record, "xpu-series verify")
     if verbose:
         for key, log in sorted(result.logs.items()):
             out.out.append(f"--- {key}\n{log}")

@@ -6,7 +6,6 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
-import json
 import os
 import re
 import zipfile
@@ -15,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
-from xpu_series import __version__
 from xpu_series.errors import (
     IntegrityError,
     SeriesError,
@@ -24,9 +22,18 @@ from xpu_series.errors import (
     WheelError,
 )
 from xpu_series.fork.archive import Member, copied, stored, write_zip
+from xpu_series.fork.identity import (
+    ENTRY_POINTS,
+    PLUGIN_MODULE,
+    PLUGIN_PACKAGE,
+    RECORD_NAME,
+    describe_series,
+    plugin_source,
+    record_bytes,
+    with_plugin,
+)
 from xpu_series.git import Git, read_blobs, run_command
 from xpu_series.overlay.installed import record_hash
-from xpu_series.overlay.plan import local_version
 from xpu_series.project import Project
 from xpu_series.stack.build import ScratchRequest, build_scratch
 from xpu_series.stack.engine import ProgressHook
@@ -35,10 +42,6 @@ from xpu_series.stack.pin import Pin
 from xpu_series.stack.tree import read_record
 from xpu_series.stack.wheel import FetchedWheel, check_wheel, fetch_wheel
 
-PLUGIN_PACKAGE = "sglang_xpu_series"  # the plugin's top-level package in the wheel
-PLUGIN_GROUP = "sglang.srt.plugins"
-PLUGIN_NAME = "xpu_series"  # what SGLANG_PLUGINS names to keep it
-RECORD_NAME = "xpu_series.json"  # the series identity, in the dist-info
 # Every entry's date when SOURCE_DATE_EPOCH is not set: 1980-01-01, the first a
 # zip can hold.
 DEFAULT_EPOCH = 315532800
@@ -157,19 +160,6 @@ def _source_pin(pin: Pin, release: str, tag: str) -> Pin:
     return wanted
 
 
-def _revision(root: Path) -> tuple[str, bool]:
-    """The project's git HEAD and whether patches/ differs from it."""
-    git = Git(root)
-    try:
-        head = git.run("rev-parse", "--verify", "-q", "HEAD", check=False)
-        if not head.ok:
-            return "", False
-        dirty = git.run("status", "--porcelain", "--", "patches", check=False)
-    except OSError:  # no git at all: nothing to record
-        return "", False
-    return head.stdout.strip(), bool(dirty.stdout.strip())
-
-
 def tree_changes(git: Git, base: str, head: str, pin: Pin) -> list[Change]:
     """Each file the commits base..head change, as the wheel member it is."""
     prefixes = [target for _source, target in pin.layout]
@@ -213,54 +203,6 @@ def _with_version(metadata: bytes, version: str) -> bytes:
             lines[i] = f"Version: {version}\n"
             return "".join(lines).encode("utf-8")
     raise WheelError("the wheel's METADATA has no Version header")
-
-
-def _with_plugin(entry_points: bytes | None) -> bytes:
-    """entry_points.txt gaining the plugin in its group (the group is added, or
-    the entry goes right under its header)."""
-    line = f"{PLUGIN_NAME} = {PLUGIN_PACKAGE}:announce\n"
-    text = (entry_points or b"").decode("utf-8")
-    header = f"[{PLUGIN_GROUP}]"
-    lines = text.splitlines(keepends=True)
-    for i, existing in enumerate(lines):
-        if existing.strip() == header:
-            return "".join([*lines[: i + 1], line, *lines[i + 1 :]]).encode("utf-8")
-    if text and not text.endswith("\n"):
-        text += "\n"
-    sep = "\n" if text.strip() else ""
-    return f"{text}{sep}{header}\n{line}".encode()
-
-
-def plugin_source() -> bytes:
-    """The plugin module's bytes: the wheel ships them as its own package."""
-    return Path(__file__).with_name("plugin.py").read_bytes()
-
-
-def _describe_series(
-    project: Project, release: str, revision: str | None
-) -> dict[str, Any]:
-    series = project.series(release)
-    rev, dirty = (revision, False) if revision else _revision(project.root)
-    digest = series.digest()
-    return {
-        "format": 1,
-        "tool": f"xpu-series {__version__}",
-        "release": release,
-        "version": local_version(release, digest),
-        "series_sha256": digest,
-        "pin": {"version": project.pin.version, "sha256": project.pin.sha256},
-        "patches": [
-            {
-                "name": str(p.name),
-                "sha256": hashlib.sha256(p.path.read_bytes()).hexdigest(),
-                "retired": p.retired,
-            }
-            for p in series.patches
-        ],
-        "revision": rev,
-        "revision_dirty": dirty,
-        "plugin": {"group": PLUGIN_GROUP, "name": PLUGIN_NAME},
-    }
 
 
 def _applied_tree(
@@ -341,8 +283,8 @@ def _plan(
         raise WheelError(f"{wheel} has no {dist_info}/METADATA")
     new = {
         "METADATA": _with_version(meta, version),
-        "entry_points.txt": _with_plugin(read("entry_points.txt")),
-        RECORD_NAME: (json.dumps(identity, indent=2, sort_keys=True) + "\n").encode(),
+        ENTRY_POINTS: with_plugin(read(ENTRY_POINTS)),
+        RECORD_NAME: record_bytes(identity),
     }
     tops = read("top_level.txt")
     if tops is not None:
@@ -350,9 +292,7 @@ def _plan(
         new["top_level.txt"] = "".join(f"{n}\n" for n in names).encode()
     for leaf, data in new.items():
         plan[f"{new_dist}/{leaf}"] = stored(f"{new_dist}/{leaf}", data)
-    plan[f"{PLUGIN_PACKAGE}/__init__.py"] = stored(
-        f"{PLUGIN_PACKAGE}/__init__.py", plugin_source()
-    )
+    plan[PLUGIN_MODULE] = stored(PLUGIN_MODULE, plugin_source())
     return plan
 
 
@@ -456,7 +396,8 @@ def build_fork_wheel(
     )
     changes = tree_changes(git, base, head, pin)
     contents = read_blobs(git.repo, [c.new_blob for c in changes if not c.deleted])
-    identity = _describe_series(project, release, request.revision)
+    series = project.series(release)
+    identity = describe_series(project, release, series, request.revision)
     identity["source"] = {"wheel": source_pin.wheel, "sha256": source.sha256}
     identity["files"] = {
         c.member: "" if c.deleted else hashlib.sha256(contents[c.new_blob]).hexdigest()

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from xpu_series.errors import TreeError
+from xpu_series.fork.identity import PLUGIN_MODULE
 from xpu_series.overlay.installed import (
     PROVENANCE,
     OverlayReport,
@@ -35,10 +36,21 @@ def run_undo(site: Path, force: bool = False) -> OverlayReport:
             f"overlay --undo --force --into {install.site}'",
         )
     state = install.rel(install.state_dir)
+    prune = [state]
     entries: list[tuple[str, bytes | None]] = []
-    for rel in prov["files"]:
+    added = list(prov.get("added", []))  # an overlay of an older tool has none
+    for rel in [*prov["files"], *added]:
         if rel not in prov["originals"]:
             entries.append((rel, None))
+    if PLUGIN_MODULE in added:
+        # Python caches the module's bytecode once sglang has loaded it: that
+        # goes with the module, and the package's folder once it is empty.
+        package = (install.site / PLUGIN_MODULE).parent
+        entries += [
+            (install.rel(path), None)
+            for path in sorted(package.glob("__pycache__/__init__.*.pyc"))
+        ]
+        prune.append(install.rel(package))
     for rel in prov["originals"]:
         data = (install.state_dir / "original" / rel).read_bytes()
         if rel != install.rel(install.record):
@@ -49,7 +61,7 @@ def run_undo(site: Path, force: bool = False) -> OverlayReport:
     entries += [(install.rel(path), None) for path in kept]
     record = (install.state_dir / "original" / install.rel(install.record)).read_bytes()
     entries.append((install.rel(install.record), record))
-    run_journal(install.site, "undo", entries, prune=[state])
+    run_journal(install.site, "undo", entries, prune=prune)
     report.changed = True
     report.provenance = prov
     report.version = prov["installed_version"]

@@ -6,7 +6,8 @@ touches is byte for byte the release's (by the blob ids the patch files carry), 
 out every post-image in memory, and only then writes, through a journal:
 
 1. every final byte (patched files, the originals' copies, METADATA, RECORD, the
-   provenance record) is staged in `SITE/.xpu-series-journal.new/`;
+   provenance record, and the fork wheel's plugin: its module, its entry point and
+   the series record it reads) is staged in `SITE/.xpu-series-journal.new/`;
 2. renaming that folder to `.xpu-series-journal` is the commit point;
 3. each entry is written beside its target and renamed in; the journal goes last.
 
@@ -21,19 +22,29 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-from xpu_series import __version__
 from xpu_series.errors import IntegrityError, TreeError
+from xpu_series.fork.identity import (
+    ENTRY_POINTS,
+    PLUGIN_MODULE,
+    RECORD_NAME,
+    describe_series,
+    plugin_source,
+    record_bytes,
+    with_plugin,
+)
 from xpu_series.overlay.installed import (
     JOURNAL,
     PROVENANCE,
+    Install,
     OverlayReport,
     changed_since,
+    file_bytes,
     find_install,
     read_provenance,
     sha256_bytes,
@@ -185,27 +196,6 @@ def recover(site: Path) -> str:
 # -- the overlay ------------------------------------------------------------------
 
 
-def _revision(root: Path) -> tuple[str, bool]:
-    try:
-        head = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        if head.returncode != 0:
-            return "", False
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--", "patches"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-        return head.stdout.strip(), bool(dirty.stdout.strip())
-    except (OSError, subprocess.TimeoutExpired):
-        return "", False
-
-
 def run_overlay(
     project: Project,
     site: Path,
@@ -270,7 +260,6 @@ def run_overlay(
         )
     originals, current = post_images(project, install, series, release)
     report.version = local_version(release, digest)
-    rev, dirty = (revision, False) if revision else _revision(project.root)
     state = install.rel(install.state_dir)
     files = {
         rel: {
@@ -281,46 +270,41 @@ def run_overlay(
         }
         for rel, data in current.items()
     }
+    identity = describe_series(project, release, series, revision)
     metadata = install.metadata.read_bytes()
     record = install.record.read_bytes()
-    new_metadata = with_version(metadata, report.version)
     saved = {rel: data for rel, data in originals.items() if data is not None}
     saved[install.rel(install.metadata)] = metadata
     saved[install.rel(install.record)] = record
+    plugin = _plugin_files(install, identity, files)
+    added: list[str] = []  # none of the release's: undo deletes them
+    for rel in sorted(plugin):
+        before = file_bytes(install.site, rel)
+        if before is None:
+            added.append(rel)
+        else:
+            saved[rel] = before
     prov = {
-        "format": 1,
-        "tool": f"xpu-series {__version__}",
-        "release": release,
+        **identity,
         "installed_version": install.version,
-        "version": report.version,
-        "pin": {"version": project.pin.version, "sha256": project.pin.sha256},
-        "series_sha256": digest,
-        "patches": [
-            {
-                "name": str(p.name),
-                "sha256": sha256_bytes(p.path.read_bytes()),
-                "retired": p.retired,
-            }
-            for p in series.patches
-        ],
-        "revision": rev,
-        "revision_dirty": dirty,
         "files": files,
         "originals": sorted(saved),
+        "added": added,
     }
     prov_bytes = (json.dumps(prov, indent=2, sort_keys=True) + "\n").encode()
     writes: dict[str, bytes] = {}
     for rel, data in current.items():
         if data is not None:
             writes[rel] = data
-    writes[install.rel(install.metadata)] = new_metadata
+    writes[install.rel(install.metadata)] = with_version(metadata, report.version)
+    writes.update(plugin)
     for rel, data in saved.items():
         writes[f"{state}/original/{rel}"] = data
     writes[f"{state}/{PROVENANCE}"] = prov_bytes
     deleted = {rel for rel, data in current.items() if data is None}
     overlaid_record = new_record(record, writes, deleted)
     entries: list[tuple[str, bytes | None]] = [
-        (rel, data) for rel, data in writes.items() if not rel.startswith(state)
+        (rel, data) for rel, data in writes.items() if not rel.startswith(f"{state}/")
     ]
     entries = [(f"{state}/original/{r}", d) for r, d in saved.items()] + entries
     entries += [(rel, None) for rel in sorted(deleted)]
@@ -331,3 +315,21 @@ def run_overlay(
     report.provenance = prov
     report.files = [{"path": rel, **facts} for rel, facts in sorted(files.items())]
     return report
+
+
+def _plugin_files(
+    install: Install, identity: dict[str, Any], files: dict[str, dict[str, str]]
+) -> dict[str, bytes]:
+    """What registers the series' plugin in the install, as the fork wheel has it:
+    the module, the entry point in sglang's own entry_points.txt, and the record
+    (with each patched file's sha256) the plugin reads beside it."""
+    dist = install.rel(install.dist_info)
+    record = {**identity, "files": {rel: f["sha256"] for rel, f in files.items()}}
+    record["source"] = {"installed": install.version}
+    return {
+        PLUGIN_MODULE: plugin_source(),
+        f"{dist}/{ENTRY_POINTS}": with_plugin(
+            file_bytes(install.site, f"{dist}/{ENTRY_POINTS}")
+        ),
+        f"{dist}/{RECORD_NAME}": record_bytes(record),
+    }

@@ -18,7 +18,13 @@ from xpu_series.errors import UsageError
 from xpu_series.git import Git
 from xpu_series.project import Project
 from xpu_series.proofs import mutant_worker
-from xpu_series.proofs.mutants import Mutant, PatchMutants, load_accepted, patch_mutants, run_worker
+from xpu_series.proofs.mutants import (
+    Mutant,
+    PatchMutants,
+    load_accepted,
+    patch_mutants,
+    run_worker,
+)
 from xpu_series.proofs.proof import Worktrees, load_outcomes, outcome_key, store_json
 from xpu_series.proofs.record import Recorded, save_record
 from xpu_series.proofs.series_proof import (
@@ -40,16 +46,18 @@ class MutantsResult:
     apply: Report
     patches: list[PatchMutants] = field(default_factory=list)
     seconds: float = 0.0
+    record: RecordCheck = field(default_factory=RecordCheck)
 
     @property
     def ok(self) -> bool:
-        return self.apply.ok and all(p.ok for p in self.patches)
+        return self.apply.ok and all(p.ok for p in self.patches) and self.record.ok
 
     def to_json(self) -> dict[str, Any]:
         return {
             "patches": [p.to_json() for p in self.patches],
             "problems": self.apply.problems,
             "seconds": round(self.seconds, 1),
+            "record": self.record.to_json(),
             "ok": self.ok,
         }
 
@@ -80,38 +88,62 @@ def run_mutants(
     only: str = "",
     fresh: bool = False,
     say: Callable[[str], None] | None = None,
+    proving: Proving | None = None,
 ) -> MutantsResult:
     """Mutate the lines each patch adds; its tests must fail on every mutant.
 
     One interpreter per patch (heavy imports once), one fork per mutant. A
-    patch whose tree, tests and mutants are unchanged answers from the cache.
-    `say` hears a line per finished patch and per batch of mutants.
+    patch whose tree, tests and mutants are unchanged answers from the cache,
+    unless the run re-proves its record; a patch whose record is unchanged and
+    not in the run's sample answers from the record (see record.py). `say`
+    hears a line per finished patch and per batch of mutants. `only` (one
+    mutant, to reproduce it) leaves the record alone.
     """
     start = time.monotonic()
+    proving = proving or Proving()
     prefixes = series_prefixes(project, MUTANTS_FOLDER)
     result = MutantsResult(apply=prefixes.report)
     if not prefixes.report.ok:
         return result
-    chosen = select(prefixes.names, patches or [])
+    names = prefixes.names
+    chosen = select(names, patches or [])
     prefixes.require_tests(chosen)
+    plan, inputs, recorded = prefixes.plan(
+        "mutants", chosen, bool(patches), proving.everything, proving.seed
+    )
+    if only:
+        plan.reprove, plan.trusted = [], []
+        plan.prove = {k: "asked" for k in chosen}
+        plan.keeping = False
+    result.record.plan = plan
+    tell = say or (lambda _line: None)
+    if plan.describe(names):
+        tell(plan.describe(names))
     accepted = load_accepted(project.root)
     git, commits = prefixes.git, prefixes.commits
     work: list[tuple[int, PatchMutants, str]] = []
     carried = project.series().patches
     cache = project.cache_dir / "mutants"
+    again = set(plan.reprove)
     for k in chosen:
-        name = prefixes.names[k - 1]
+        name = names[k - 1]
         tests = tuple(carried[k - 1].header.fast_tests)
+        reasons = {i: r for (n, i), r in accepted.items() if n == name}
+        if k in plan.trusted:
+            kept = dict(recorded[name].result)
+            entry = PatchMutants(name, tests, [], {}, reasons, recorded=kept)
+            result.patches.append(entry)
+            tell(f"{name}: {entry.made_count} mutants, from the record")
+            continue
         made = patch_mutants(git, commits[k - 1], commits[k])
         if only:
             made = [m for m in made if m.id == only]
-        reasons = {i: r for (n, i), r in accepted.items() if n == name}
         entry = PatchMutants(name, tests, made, {}, reasons)
         result.patches.append(entry)
         if tests and made:
             tree_id = git.out("rev-parse", f"{commits[k]}^{{tree}}")
             key = mutants_key(project, tree_id, tests, made)
-            saved = None if fresh else load_outcomes(cache, key)
+            saved = None if fresh or k in again else load_outcomes(cache, key)
             if saved is not None:
                 entry.baseline, entry.outcomes = "survived", saved
                 entry.cached = True
@@ -124,58 +156,88 @@ def run_mutants(
             f"no mutant {only!r} in {', '.join(p.name for p in result.patches)}",
             hint="copy the id from the survivor's line of 'verify --mutants'",
         )
-    tell = say or (lambda _line: None)
-    lock = threading.Lock()
-    finished = [sum(p.cached for p in result.patches)]
     for entry in result.patches:
         if entry.cached:
             tell(f"{entry.name}: {len(entry.made)} mutants, outcomes from the cache")
     if work:
-        pool = Worktrees(git, prefixes.root, min(max(1, jobs), len(work)))
-        total = len([p for p in result.patches if p.tests and p.made])
-
-        def job(k: int, entry: PatchMutants, key: str) -> None:
-            worktree = pool.take()
-            ran = [0, 0]  # mutants run, killed
-
-            def heard(row: dict[str, Any]) -> None:
-                if row["id"] == "baseline":
-                    return
-                ran[0] += 1
-                ran[1] += row["outcome"] != "survived"
-                if ran[0] % MUTANT_BATCH == 0 and ran[0] < len(entry.made):
-                    tell(
-                        f"{entry.name}: {ran[0]}/{len(entry.made)} mutants run, "
-                        f"{ran[1]} killed ({_elapsed(start)})"
-                    )
-
-            try:
-                Git(worktree).run("checkout", "-q", "-f", "--detach", commits[k])
-                prime(Git(worktree), project.cache_dir)
-                entry.baseline, entry.outcomes, entry.seconds = run_worker(
-                    project.root, worktree, entry.tests, entry.made,
-                    MUTANT_TIMEOUT_FLOOR_S, heard,
-                )  # fmt: skip
-            finally:
-                pool.give(worktree)
-            if entry.baseline == "survived" and len(entry.outcomes) == len(entry.made):
-                # Only a complete run with passing unmutated tests is remembered.
-                store_json(cache, key, {"outcomes": entry.outcomes})
-            with lock:
-                finished[0] += 1
-                tell(
-                    f"{entry.name}: {len(entry.made)} mutants, {entry.killed} killed, "
-                    f"{len(entry.survivors)} survived in {entry.seconds:.0f}s "
-                    f"[{finished[0]}/{total} patches, {_elapsed(start)}]"
-                )
-
-        # The biggest patches first, so the pool ends together.
-        work.sort(key=lambda item: -len(item[1].made))
-        with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
-            for future in [executor.submit(job, *item) for item in work]:
-                future.result()
+        _run_work(project, prefixes.git, prefixes.root, commits, work, jobs, tell)
+    by_name = {p.name: p for p in result.patches}
+    check_record(
+        result.record, names, recorded, proving,
+        {n: p.disagreement for n, p in by_name.items()},
+    )  # fmt: skip
+    if proving.record and result.ok and not only:
+        proven = {
+            names[k - 1]: Recorded(
+                dict(inputs[k].digests), by_name[names[k - 1]].record_result()
+            )
+            for k in chosen
+            if k in plan.prove or k in again
+        }
+        save_record(project.patches_dir, "mutants", names, proven)
+        result.record.recorded = sorted(proven)
     result.seconds = time.monotonic() - start
     return result
+
+
+def _run_work(
+    project: Project,
+    git: Git,
+    root: Path,
+    commits: list[str],
+    work: list[tuple[int, PatchMutants, str]],
+    jobs: int,
+    tell: Callable[[str], None],
+) -> None:
+    """Each patch's mutants in a worker of its own, in a pool of worktrees; a
+    complete run with passing unmutated tests is cached under its key."""
+    start = time.monotonic()
+    cache = project.cache_dir / "mutants"
+    lock = threading.Lock()
+    finished = [0]
+    pool = Worktrees(git, root, min(max(1, jobs), len(work)))
+    total = len(work)
+
+    def job(k: int, entry: PatchMutants, key: str) -> None:
+        worktree = pool.take()
+        ran = [0, 0]  # mutants run, killed
+
+        def heard(row: dict[str, Any]) -> None:
+            if row["id"] == "baseline":
+                return
+            ran[0] += 1
+            ran[1] += row["outcome"] != "survived"
+            if ran[0] % MUTANT_BATCH == 0 and ran[0] < len(entry.made):
+                tell(
+                    f"{entry.name}: {ran[0]}/{len(entry.made)} mutants run, "
+                    f"{ran[1]} killed ({_elapsed(start)})"
+                )
+
+        try:
+            Git(worktree).run("checkout", "-q", "-f", "--detach", commits[k])
+            prime(Git(worktree), project.cache_dir)
+            entry.baseline, entry.outcomes, entry.seconds = run_worker(
+                project.root, worktree, entry.tests, entry.made,
+                MUTANT_TIMEOUT_FLOOR_S, heard,
+            )  # fmt: skip
+        finally:
+            pool.give(worktree)
+        if entry.baseline == "survived" and len(entry.outcomes) == len(entry.made):
+            # Only a complete run with passing unmutated tests is remembered.
+            store_json(cache, key, {"outcomes": entry.outcomes})
+        with lock:
+            finished[0] += 1
+            tell(
+                f"{entry.name}: {len(entry.made)} mutants, {entry.killed} killed, "
+                f"{len(entry.survivors)} survived in {entry.seconds:.0f}s "
+                f"[{finished[0]}/{total} patches, {_elapsed(start)}]"
+            )
+
+    # The biggest patches first, so the pool ends together.
+    work.sort(key=lambda item: -len(item[1].made))
+    with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
+        for future in [executor.submit(job, *item) for item in work]:
+            future.result()
 
 
 # A progress line after every this many mutants of one patch.

@@ -382,11 +382,13 @@ class PatchMutants:
     def record_result(self) -> dict[str, Any]:
         """What patches/proofs.json keeps of a full run: enough to tell a
         re-proof that disagrees (the same mutants, the same survivors)."""
+        timed_out = sorted(i for i, o in self.outcomes.items() if o == "timeout")
         return {
             "tests": list(self.tests),
             "made": self.made_count,
             "killed": self.killed,
-            "timeouts": sum(self.outcomes.get(m.id) == "timeout" for m in self.made),
+            "timeouts": len(timed_out),
+            "timed_out": timed_out,
             "survived": [
                 {k: row[k] for k in ("id", "diff", "operator")}
                 for row in self.survived_rows()
@@ -395,19 +397,22 @@ class PatchMutants:
 
     def disagreement(self, recorded: dict[str, Any]) -> str:
         """How this run differs from a recorded one ("" when it agrees): the
-        number of mutants, or which survived. A timeout is a kill, as ever."""
-        now = {row["id"] for row in self.survived_rows()}
-        then = {row["id"] for row in recorded["survived"]}
+        number of mutants, or which survived. A mutant stopped by its time limit
+        in either run is left out: a timeout counts as a kill, and whether a
+        slow test reaches its limit depends on the machine's load; each run's
+        own verdict already judged it."""
         if self.made_count != recorded["made"]:
             return f"{recorded['made']} mutants recorded, {self.made_count} made now"
-        if now != then:
-            parts = []
-            if now - then:
-                parts.append("survived now: " + ", ".join(sorted(now - then)))
-            if then - now:
-                parts.append("killed now: " + ", ".join(sorted(then - now)))
-            return "; ".join(parts)
-        return ""
+        slow = set(recorded.get("timed_out", []))
+        slow |= {i for i, o in self.outcomes.items() if o == "timeout"}
+        now = {row["id"] for row in self.survived_rows()} - slow
+        then = {row["id"] for row in recorded["survived"]} - slow
+        parts = []
+        if now - then:
+            parts.append("survived now: " + ", ".join(sorted(now - then)))
+        if then - now:
+            parts.append("killed now: " + ", ".join(sorted(then - now)))
+        return "; ".join(parts)
 
     def to_json(self) -> dict[str, object]:
         return {

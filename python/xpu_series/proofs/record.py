@@ -25,6 +25,7 @@ from typing import Any
 
 import xpu_series
 from xpu_series.errors import SeriesError
+from xpu_series.proofs.mutants import ACCEPTED
 
 RECORD = "proofs.json"  # in patches/
 FORMAT = 1
@@ -45,8 +46,8 @@ _PACKAGE = Path(xpu_series.__file__).resolve().parent
 def proof_code() -> list[Path]:
     """The code a proof's verdict depends on: the proof machinery and the verb.
 
-    >>> sorted(p.name for p in proof_code())[:2]
-    ['__init__.py', 'mutant_worker.py']
+    >>> [p.name for p in proof_code()][-2:]
+    ['series_proof.py', 'verify.py']
     """
     files = sorted((_PACKAGE / "proofs").glob("*.py"))
     return [*files, _PACKAGE / "commands" / "verify.py"]
@@ -167,11 +168,13 @@ def test_inputs(root: Path, tests: Iterable[str]) -> list[Path]:
     they import that lives under test/ with what lies beside it."""
     root = root.resolve()
     index = _module_index(root / "test")
+    # An input of its own (each patch's entries), not of the tests beside it.
+    accepted = root / ACCEPTED
     seen: set[Path] = set()
     todo = [root / t.split("::")[0] for t in tests]
     while todo:
         path = todo.pop().resolve()
-        if path in seen or not path.is_file():
+        if path in seen or not path.is_file() or path == accepted:
             continue
         seen.add(path)
         todo += _beside(path, root)

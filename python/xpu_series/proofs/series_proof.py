@@ -176,6 +176,7 @@ class RecordCheck:
     stale: list[str] = field(default_factory=list)
     stale_fails: bool = False
     recorded: list[str] = field(default_factory=list)
+    reproven: list[str] = field(default_factory=list)  # names of the sample
 
     @property
     def ok(self) -> bool:
@@ -201,6 +202,7 @@ def check_record(
     """Compare each re-proof with its record (a disagreement fails the run,
     unless the run records anew), and list the records this run found stale."""
     plan = check.plan
+    check.reproven = [names[k - 1] for k in plan.reprove]
     for k in plan.reprove:
         name = names[k - 1]
         why = differs[name](dict(recorded[name].result))

@@ -64,14 +64,27 @@ def queued(worker_queue: queue.Queue) -> list:
 class KvSend:
     """One request sent by a prefill scheduler on `device` through Mooncake."""
 
-    def __init__(self, stack: ExitStack, device: str, cached_tokens: int = 0):
+    def __init__(
+        self,
+        stack: ExitStack,
+        device: str,
+        cached_tokens: int = 0,
+        overlap: bool = True,
+    ):
         stack.enter_context(single_rank())
         stack.enter_context(
             envs.SGLANG_DISAGG_PREFILL_EARLY_SEND_CACHED_PREFIX.override(True)
         )
         sender, self.worker_queue = mooncake_sender()
         self.req = request(sender, cached_tokens=cached_tokens)
-        self.scheduler = scheduler(device)
+        if overlap:
+            self.scheduler = scheduler(device)
+        else:
+            # --disable-overlap-schedule (what upstream's XPU tests run): no
+            # forward stream of its own; init_overlap still sets device_module.
+            self.scheduler = scheduler(
+                device, enable_overlap=False, forward_stream=None
+            )
 
     def chunks(self) -> list:
         return queued(self.worker_queue)
@@ -95,6 +108,35 @@ class TestMooncakeKvSendOnXpu(CustomTestCase):
         self.assertEqual(event.recorded_on, [xpu.current])
         self.assertEqual(xpu.made, [event])
         self.assertEqual(run.req.start_send_idx, len(PAGES) * 4)
+
+
+class TestMooncakeKvSendWithoutOverlap(CustomTestCase):
+    """The host copy is asynchronous with or without the overlap scheduler: the
+    worker must wait for it either way."""
+
+    def test_xpu_without_overlap_still_waits_on_an_xpu_event(self):
+        with ExitStack() as stack:
+            xpu = xpu_build(stack)
+            run = KvSend(stack, "xpu", overlap=False)
+            run.scheduler.send_kv_chunk(run.req, last_chunk=False)
+            chunks = run.chunks()
+        self.assertEqual([c.prefill_kv_indices.tolist() for c in chunks], [PAGES])
+        event = chunks[0].indices_event
+        self.assertIsNotNone(event, "the worker must wait for the host copy")
+        self.assertEqual(event.device, "xpu")
+        self.assertEqual(event.recorded_on, [xpu.current])
+        self.assertEqual(xpu.made, [event])
+
+    def test_cuda_without_overlap_keeps_torch_cuda(self):
+        with ExitStack() as stack:
+            cuda = cuda_build(stack)
+            run = KvSend(stack, "cuda", overlap=False)
+            run.scheduler.send_kv_chunk(run.req, last_chunk=False)
+            chunks = run.chunks()
+        event = chunks[0].indices_event
+        self.assertEqual(event.device, "cuda")
+        self.assertEqual(event.recorded_on, [cuda.current])
+        self.assertEqual(cuda.made, [event])
 
 
 class TestMooncakeKvSendOnCuda(CustomTestCase):

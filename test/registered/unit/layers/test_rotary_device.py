@@ -9,7 +9,6 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from unittest import mock
 
-import sglang.srt.utils as srt_utils
 import torch
 from sglang.srt.layers.rotary_embedding import base as rope_base
 from sglang.srt.layers.rotary_embedding import factory, get_rope, rope_variant
@@ -51,6 +50,24 @@ def _cuda_not_compiled(*args, **kwargs):
     raise _CudaAsked(NOT_COMPILED)
 
 
+class _XpuAsked(AssertionError):
+    """torch.xpu was initialised: where an XPU server's tensors go."""
+
+
+def _xpu_not_present(*args, **kwargs):
+    # torch.xpu._lazy_init on this runner, which has no XPU: every XPU tensor
+    # goes through it.
+    raise _XpuAsked("no XPU on this runner")
+
+
+def server_device(stack: ExitStack, answer) -> None:
+    """Answer get_device() with `answer` where each rope module looks it up.
+    base.py binds the name only with the fix; without it, it does not read it."""
+    for module in (rope_base, rope_variant):
+        if hasattr(module, "get_device"):
+            stack.enter_context(mock.patch.object(module, "get_device", answer))
+
+
 @contextmanager
 def xpu_server(device: str) -> Iterator[None]:
     """Build layers as an XPU server does, with its device answered by `device`.
@@ -73,8 +90,7 @@ def xpu_server(device: str) -> Iterator[None]:
         def answer(device_id=None) -> str:
             return device
 
-        stack.enter_context(mock.patch.object(srt_utils, "get_device", answer))
-        stack.enter_context(mock.patch.object(rope_variant, "get_device", answer))
+        server_device(stack, answer)
         # get_rope() shares one module per shape process-wide: start empty.
         stack.enter_context(mock.patch.dict(factory._ROPE_DICT, clear=True))
         stack.enter_context(torch.device(device))
@@ -165,6 +181,19 @@ class TestFourierRope(CustomTestCase):
         self.assertEqual(tuple(rope.cos_sin_cache.shape), (MAX_POS, 2, 2 * HEAD))
         # The first forward rebuilds the cache on this device.
         self.assertEqual(rope.device, "cpu")
+
+    def test_default_device_is_the_server_device_not_the_host(self):
+        # An XPU server's get_device() answers "xpu", which this runner cannot
+        # hold: building there asks torch.xpu, never torch.cuda, and never
+        # settles for the host's device.
+        with ExitStack() as stack:
+            stack.enter_context(xpu_server("cpu"))
+            server_device(stack, lambda device_id=None: "xpu")
+            stack.enter_context(
+                mock.patch.object(torch.xpu, "_lazy_init", _xpu_not_present)
+            )
+            with self.assertRaises(_XpuAsked):
+                self.build()
 
     def test_inv_freq_keeps_the_frequencies_a_position_can_turn(self):
         with xpu_server("cpu"):

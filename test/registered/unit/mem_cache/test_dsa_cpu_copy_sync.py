@@ -183,10 +183,11 @@ class TestDsaRetractionBackupOnXpu(CustomTestCase):
         self.assertEqual(barriers.callers[-1], "DSATokenToKVPool.load_cpu_copy")
 
 
-class TestLayerSplitIndexKeysOnXpu(CustomTestCase):
+class TestLayerSplitIndexKeys(CustomTestCase):
     """The CP layer-split pool's copy of the same methods (a rank owns layer 0)."""
 
-    def test_xpu_backup_and_restore_of_owned_layers(self):
+    def _round_trip(self, platform) -> Counter:
+        """Back up and restore on `platform`; the barriers, by caller."""
         full = dsa_pool()
         buffers = [
             full.index_k_with_scale_buffer[0],
@@ -206,7 +207,7 @@ class TestLayerSplitIndexKeysOnXpu(CustomTestCase):
         barriers = _Barriers()
         with ExitStack() as stack:
             stack.enter_context(single_rank())
-            on_platform(stack, XpuSRTPlatform(), barriers)
+            on_platform(stack, platform, barriers)
             backup = pool.get_cpu_copy(REQ_SLOTS)
             backed_up = Counter(barriers.callers)
             reuse_request_pages(pool)
@@ -215,7 +216,16 @@ class TestLayerSplitIndexKeysOnXpu(CustomTestCase):
         for now, then in zip(snapshot(pool), before, strict=True):
             self.assertTrue(torch.equal(now, then))
         self.assertEqual(backed_up["LayerSplitIndexKeyCache.cpu_copy"], 2)
-        restore = Counter(barriers.callers) - backed_up
+        return Counter(barriers.callers) - backed_up
+
+    def test_xpu_backup_and_restore_of_owned_layers(self):
+        restore = self._round_trip(XpuSRTPlatform())
+        self.assertEqual(restore["LayerSplitIndexKeyCache.load_cpu_copy"], 2)
+
+    def test_cuda_backup_and_restore_stay_on_torch_cuda(self):
+        # on_platform refuses torch.xpu here: a copy that named the XPU module
+        # instead of the active device's would fail.
+        restore = self._round_trip(CudaSRTPlatform())
         self.assertEqual(restore["LayerSplitIndexKeyCache.load_cpu_copy"], 2)
 
 

@@ -62,13 +62,12 @@ def _cuda_not_compiled(*args, **kwargs):
 def device(stack: ExitStack, module) -> None:
     """Pin the device module the profilers read (`get_device_module()`, looked up
     in profile_utils) to `module`; torch.cuda.memory raises as on an XPU build."""
-    # create: a release without the fix has no such name there, and must then
-    # fail on what it does (torch.cuda.memory), not on this pin.
-    stack.enter_context(
-        mock.patch.object(
-            profile_utils, "get_device_module", return_value=module, create=True
+    # A release without the fix does not read it there: it then fails on what it
+    # does read (torch.cuda.memory), not on this pin.
+    if hasattr(profile_utils, "get_device_module"):
+        stack.enter_context(
+            mock.patch.object(profile_utils, "get_device_module", return_value=module)
         )
-    )
     for name in ("_record_memory_history", "_dump_snapshot"):
         stack.enter_context(
             mock.patch.object(torch.cuda.memory, name, _cuda_not_compiled)
