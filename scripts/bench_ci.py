@@ -1,12 +1,24 @@
 #!/usr/bin/env python3
-"""Benchmark the README's test command: `CI=true bash .ci/run` in a clean clone of
-HEAD (cold: no .venv, no build/), then again in the same clone (warm: nothing
-changed), and report each step's time from build/reports/steps.json.
+"""Benchmark the README's test command (`CI=true bash .ci/run`): cold in a clean
+clone of HEAD (no .venv, an empty build/), warm (the same clone again, nothing
+changed), and the marginal cost of a patch (a clone with the top patch of the
+series left out, against the whole series), side by side, per step: wall, CPU
+and system seconds from build/reports/steps.json.
 
-    python3 scripts/bench_ci.py                # one clean clone: cold, then warm
-    python3 scripts/bench_ci.py --runs 2       # medians of two clean clones
-    python3 scripts/bench_ci.py --quick        # the last run's steps, no new run
-    python3 scripts/bench_ci.py --quick-all    # every bench_*.py in quick mode
+    python3 scripts/bench_ci.py                  # cold, warm and marginal
+    python3 scripts/bench_ci.py --no-marginal    # cold and warm only
+    python3 scripts/bench_ci.py --dirty          # the checkout as it is, not HEAD
+    python3 scripts/bench_ci.py --runs 2         # medians of two clean clones
+    python3 scripts/bench_ci.py --quick          # the last run's steps, no new run
+    python3 scripts/bench_ci.py --quick-all      # every bench_*.py in quick mode
+
+The marginal run leaves out the top patch (the one a series grows by; a patch
+lower down would change the record of every patch above it), its line in
+patches/series, its record and the test files only it names, and runs the steps
+that prove patches (MARGINAL_STEPS; the overlay's diffs and the audit's triage
+name every patch, so the series is whole there). Every run uses one proof seed,
+so the sample is the same but for the left-out patch's own place in it.
+Marginal = the whole series' CPU in the cold run minus the run without it.
 
 --quick reads build/reports/steps.json (what scripts/test writes as it goes) and
 prints the same table; --quick-all is what CI runs so no benchmark rots: the
@@ -21,6 +33,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
+import re
+import shutil
 import statistics
 import subprocess
 import sys
@@ -37,11 +52,15 @@ QUICK = (
     "bench_audit.py",
     "bench_upstream.py",
 )
+# The steps whose work is per patch and that stay whole with the top patch left
+# out (bootstrap runs before them anyway).
+MARGINAL_STEPS = ("verify", "mutants", "matrix", "registered", "upstream-check")
+TOTAL = "(wall clock)"
 
 
 def load_steps(path: Path, field: str = "seconds") -> dict[str, float]:
-    """Seconds per step tag of one run (`field`: wall "seconds" or "cpu_s"); a
-    failed step is an error, not a time."""
+    """Seconds per step tag of one run (`field`: wall "seconds", "cpu_s" or
+    "sys_s"); a failed step is an error, not a time."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
@@ -53,19 +72,19 @@ def load_steps(path: Path, field: str = "seconds") -> dict[str, float]:
         s["tag"]: float(s.get(field, 0.0)) for s in data["steps"] if s["code"] == 0
     }
     if field == "seconds":
-        times["(wall clock)"] = float(data["wall_s"])
+        times[TOTAL] = float(data["wall_s"])
     else:
-        times["(wall clock)"] = sum(times.values())  # the total of the steps
+        times[TOTAL] = sum(times.values())  # the total of the steps
     return times
 
 
 def render(columns: dict[str, list[dict[str, float]]]) -> str:
-    """One row per step, one median column per kind of run (cold, warm)."""
+    """One row per step, one median column per kind of run (cold, warm...)."""
     tags: list[str] = []
     for runs in columns.values():
         for run in runs:
             tags += [t for t in run if t not in tags]
-    tags.sort(key=lambda t: t == "(wall clock)")  # the total last
+    tags.sort(key=lambda t: t == TOTAL)  # the total last
     head = ["step", *(f"{name} (median of {len(r)})" for name, r in columns.items())]
     rows = [head]
     for tag in tags:
@@ -82,48 +101,146 @@ def render(columns: dict[str, list[dict[str, float]]]) -> str:
 
 
 def _clock(seconds: float) -> str:
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
+    sign = "-" if seconds < 0 else ""
+    minutes, rest = divmod(round(abs(seconds)), 60)
+    return f"{sign}{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
 
 
-def _ci(clone: Path, log: Path) -> tuple[dict[str, float], dict[str, float]]:
+def top_patch(root: Path) -> str:
+    """The last patch of patches/series."""
+    names = [
+        line.strip()
+        for line in (root / "patches" / "series").read_text().splitlines()
+        if line.strip() and not line.startswith("#")
+    ]
+    if not names:
+        raise SystemExit("error: patches/series lists no patch")
+    return names[-1]
+
+
+def leave_out(clone: Path, name: str) -> list[str]:
+    """The series without `name` (the top patch): its line, its file, its record
+    and the test files no other patch names. Returns the files removed."""
+    patches = clone / "patches"
+    series = (patches / "series").read_text().splitlines(keepends=True)
+    if top_patch(clone) != name:
+        raise SystemExit(f"error: {name} is not the top patch of the series")
+    (patches / "series").write_text(
+        "".join(line for line in series if line.strip() != name)
+    )
+    tests = _tests_of(patches / name)
+    (patches / name).unlink()
+    removed = [f"patches/{name}"]
+    others = set()
+    for other in patches.glob("*.patch"):
+        others |= _tests_of(other)
+    for test in sorted(tests - others):
+        path = clone / test
+        if path.is_file():
+            path.unlink()
+            removed.append(test)
+    record = patches / "proofs.json"
+    if record.is_file():
+        data = json.loads(record.read_text())
+        data.get("patches", {}).pop(name, None)
+        record.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+    return removed
+
+
+def _tests_of(patch: Path) -> set[str]:
+    text = patch.read_text(errors="replace").split("\n---\n", 1)[0]
+    return {
+        match.split("::")[0]
+        for line in re.findall(r"^(?:Fast-)?Tests: *(.+)$", text, re.M)
+        for match in line.split()
+    }
+
+
+def _clone(head: str, dirty: bool, label: str) -> Path:
+    """A clean clone of HEAD (with `dirty`, plus the checkout's uncommitted
+    changes and untracked files): no .venv, no build/."""
+    clone = Path(tempfile.mkdtemp(prefix=f"bench-ci-{head}-{label}-"))
+    subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)],
+                   check=True)  # fmt: skip
+    if dirty:
+        diff = subprocess.run(
+            ["git", "-C", str(ROOT), "diff", "HEAD", "--binary"],
+            capture_output=True, check=True,
+        ).stdout  # fmt: skip
+        if diff:
+            subprocess.run(["git", "-C", str(clone), "apply", "--whitespace=nowarn"],
+                           input=diff, check=True)  # fmt: skip
+        untracked = subprocess.run(
+            ["git", "-C", str(ROOT), "ls-files", "-z", "-o", "--exclude-standard"],
+            capture_output=True, check=True,
+        ).stdout.split(b"\0")  # fmt: skip
+        for name in (os.fsdecode(n) for n in untracked if n):
+            (clone / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, clone / name)
+    return clone
+
+
+def _ci(
+    clone: Path, log: Path, steps: list[str], seed: int
+) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
+    """One run of the README's command in `clone` (only `steps`, when named):
+    wall, CPU and system seconds per step."""
     start = time.monotonic()
+    command = ["bash", ".ci/run"] if not steps else ["scripts/test", *steps]
+    env = {**os.environ, "CI": "true", "XPU_SERIES_PROOF_SEED": str(seed)}
+    env.pop("XPU_SERIES_FRESH", None)
     with log.open("w") as out:
-        done = subprocess.run(
-            ["bash", ".ci/run"],
-            cwd=clone,
-            env={**os.environ, "CI": "true"},
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            check=False,
-        )
+        done = subprocess.run(command, cwd=clone, env=env, stdout=out,
+                              stderr=subprocess.STDOUT, check=False)  # fmt: skip
     if done.returncode:
-        raise SystemExit(f"error: .ci/run failed in {clone} (see {log})")
-    print(f"  .ci/run in {clone}: {time.monotonic() - start:.0f} s", flush=True)
-    return load_steps(clone / STEPS), load_steps(clone / STEPS, "cpu_s")
+        raise SystemExit(f"error: {' '.join(command)} failed in {clone} (see {log})")
+    print(f"  {' '.join(command)} in {clone}: {time.monotonic() - start:.0f} s",
+          flush=True)  # fmt: skip
+    path = clone / STEPS
+    return load_steps(path), load_steps(path, "cpu_s"), load_steps(path, "sys_s")
 
 
-def full(runs: int, warm: bool, keep: bool) -> int:
+def full(args: argparse.Namespace) -> int:
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
         capture_output=True, text=True, check=True,
-    ).stdout.strip()  # fmt: skip
-    columns: dict[str, list[dict[str, float]]] = {"cold": [], "cold cpu": []}
-    if warm:
+    ).stdout.strip() + ("+dirty" if args.dirty else "")  # fmt: skip
+    seed = args.seed or random.SystemRandom().randrange(1, 10**9)
+    columns: dict[str, list[dict[str, float]]] = {
+        "cold": [], "cold cpu": [], "cold sys": [],
+    }  # fmt: skip
+    if not args.no_warm:
         columns["warm"] = []
-    for number in range(1, runs + 1):
-        clone = Path(tempfile.mkdtemp(prefix=f"bench-ci-{head}-"))
-        subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT),
-                        str(clone)], check=True)  # fmt: skip
-        print(f"run {number}/{runs}: clean clone of {head}", flush=True)
-        wall, cpu = _ci(clone, clone.with_suffix(".cold.log"))
+    marginal: list[dict[str, float]] = []
+    left = args.leave_out or top_patch(ROOT)
+    for number in range(1, args.runs + 1):
+        print(f"run {number}/{args.runs}: clean clone of {head} (seed {seed})",
+              flush=True)  # fmt: skip
+        clone = _clone(head, args.dirty, "whole")
+        wall, cpu, system = _ci(clone, clone.with_suffix(".cold.log"), args.steps, seed)
         columns["cold"].append(wall)
         columns["cold cpu"].append(cpu)
-        if warm:
-            columns["warm"].append(_ci(clone, clone.with_suffix(".warm.log"))[0])
-        if not keep:
-            subprocess.run(["rm", "-rf", str(clone)], check=True)
-    print(f"\nscripts/test on {head}, {os.cpu_count()} cores")
+        columns["cold sys"].append(system)
+        if not args.no_warm:
+            warm = _ci(clone, clone.with_suffix(".warm.log"), args.steps, seed)[0]
+            columns["warm"].append(warm)
+        if not args.no_marginal:
+            other = _clone(head, args.dirty, "without")
+            removed = leave_out(other, left)
+            print(f"  without {left}: removed {', '.join(removed)}", flush=True)
+            steps = [s for s in (args.steps or MARGINAL_STEPS) if s != "bootstrap"]
+            _w, less, _s = _ci(other, other.with_suffix(".cold.log"), steps, seed)
+            whole = {t: cpu[t] for t in steps if t in cpu}
+            diff = {t: whole[t] - less.get(t, 0.0) for t in whole}
+            diff[TOTAL] = sum(diff.values())
+            marginal.append(diff)
+            if not args.keep:
+                shutil.rmtree(other, ignore_errors=True)
+        if not args.keep:
+            shutil.rmtree(clone, ignore_errors=True)
+    if marginal:
+        columns[f"cpu of {left[:4]}"] = marginal
+    print(f"\nscripts/test on {head}, {os.cpu_count()} cores, proof seed {seed}")
     print(render(columns))
     return 0
 
@@ -146,21 +263,43 @@ def quick_all() -> int:
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=1, help="clean clones to time")
-    parser.add_argument("--no-warm", action="store_true", help="cold runs only")
+    parser.add_argument("--no-warm", action="store_true", help="no warm run")
+    parser.add_argument(
+        "--no-marginal", action="store_true", help="no run without a patch"
+    )
+    parser.add_argument(
+        "--leave-out", metavar="PATCH", help="the patch left out (default: the top)"
+    )
+    parser.add_argument(
+        "--steps", nargs="+", default=[], metavar="STEP", help="only these steps"
+    )
+    parser.add_argument(
+        "--dirty", action="store_true", help="with the uncommitted changes too"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="the proofs' seed")
     parser.add_argument("--keep", action="store_true", help="keep the clones")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the last run's steps")
     mode.add_argument("--quick-all", action="store_true", help="every quick mode")
     parser.add_argument(
-        "--steps", type=Path, default=ROOT / STEPS, help="with --quick: this report"
+        "--steps-file", type=Path, default=ROOT / STEPS, help="with --quick: this"
     )
     args = parser.parse_args(argv)
     if args.quick:
-        print(render({"last run": [load_steps(args.steps)]}))
+        path = args.steps_file
+        print(
+            render(
+                {
+                    "last run": [load_steps(path)],
+                    "cpu": [load_steps(path, "cpu_s")],
+                    "sys": [load_steps(path, "sys_s")],
+                }
+            )
+        )
         return 0
     if args.quick_all:
         return quick_all()
-    return full(args.runs, not args.no_warm, args.keep)
+    return full(args)
 
 
 if __name__ == "__main__":

@@ -461,3 +461,37 @@ def test_the_weekly_workflow_re_proves_every_patch() -> None:
     assert prove["run"].split()[1:] == ["verify", "mutants"]
     tags = {s.tag for s in load_script("run_steps.py").STEPS}
     assert {"verify", "mutants"} <= tags
+
+
+def test_bench_ci_leaves_out_the_top_patch_and_what_only_it_tests(
+    tmp_path: Path,
+) -> None:
+    bench = load_script("bench_ci.py")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "series").write_text("# s\n0001-a.patch\n0002-b.patch\n")
+    (patches / "0001-a.patch").write_text("Subject: a\n\nTests: t/test_a.py\n---\n")
+    (patches / "0002-b.patch").write_text(
+        "Subject: b\n\nTests: t/test_b.py t/test_a.py::TestA\n"
+        "Fast-Tests: t/test_b.py::Fast\n---\n+Tests: t/not_a_field.py\n"
+    )
+    (patches / "proofs.json").write_text(
+        json.dumps({"format": 1, "patches": {"0001-a.patch": {}, "0002-b.patch": {}}})
+    )
+    (tmp_path / "t").mkdir()
+    for name in ("test_a.py", "test_b.py", "not_a_field.py"):
+        (tmp_path / "t" / name).write_text("")
+    assert bench.top_patch(tmp_path) == "0002-b.patch"
+    with pytest.raises(SystemExit, match="0001-a.patch is not the top patch"):
+        bench.leave_out(tmp_path, "0001-a.patch")
+    removed = bench.leave_out(tmp_path, "0002-b.patch")
+    # Its file, its line, its record and the test only it names; the test the
+    # patch below names too stays, and so does what its diff merely mentions.
+    assert removed == ["patches/0002-b.patch", "t/test_b.py"]
+    assert (patches / "series").read_text() == "# s\n0001-a.patch\n"
+    assert (tmp_path / "t" / "test_a.py").is_file()
+    assert (tmp_path / "t" / "not_a_field.py").is_file()
+    record = json.loads((patches / "proofs.json").read_text())
+    assert list(record["patches"]) == ["0001-a.patch"]
+    # The marginal column reads as a difference, even a negative one.
+    assert bench._clock(-75) == "-1m15s" and bench._clock(-2.5) == "-2.5s"

@@ -15,7 +15,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
-from conftest import Project, interrupt
+from conftest import Project, git, interrupt
 
 from xpu_series.overlay.installed import JOURNAL, record_hash
 from xpu_series.stack.hunks import blob_id, parse_patch
@@ -421,6 +421,13 @@ def add_to_install(site: Path, rel: str, data: bytes) -> None:
         csv.writer(fh, lineterminator="\n").writerows(rows)
 
 
+def wheel_record(said: str) -> dict:
+    """The series record in the wheel that `wheel --json` said it built."""
+    with zipfile.ZipFile(json.loads(said)["path"]) as zf:
+        (name,) = [n for n in zf.namelist() if n.endswith(".dist-info/xpu_series.json")]
+        return json.loads(zf.read(name))
+
+
 @pytest.mark.parametrize("had_entry_points", [False, True])
 def test_the_overlay_registers_the_plugin_and_undo_takes_it_away(
     three_patches: Project, site: Path, had_entry_points: bool
@@ -464,15 +471,37 @@ def test_the_overlays_plugin_reads_what_the_fork_wheel_records(
     assert built.code == 0, built.err
     with zipfile.ZipFile(json.loads(built.out)["path"]) as zf:
         module = zf.read("sglang_xpu_series/__init__.py")
-        (name,) = {n for n in zf.namelist() if n.endswith(".dist-info/xpu_series.json")}
-        wheel_record = json.loads(zf.read(name))
+    recorded = wheel_record(built.out)
     dist = next(site.glob("sglang-*.dist-info"))
     record = json.loads((dist / "xpu_series.json").read_text())
     assert (site / "sglang_xpu_series/__init__.py").read_bytes() == module
-    assert record["files"] == wheel_record["files"]
+    assert record["files"] == recorded["files"]
     for key in ("series_sha256", "version", "patches", "plugin"):
-        assert record[key] == wheel_record[key], key
+        assert record[key] == recorded[key], key
     (site / "sglang/srt/third.py").write_text("LIMIT = 11\n")
     line, warning = load_plugins(site).stderr.splitlines()
     assert "sglang-xpu: series s" in line
     assert "sglang/srt/third.py differs from the series' file" in warning
+
+
+def test_the_overlay_and_the_wheel_record_the_same_revision(
+    three_patches: Project, site: Path, tmp_path: Path
+) -> None:
+    """Both record the project's git HEAD, and say when patches/ differs from it."""
+    root = three_patches.root
+    (root / ".gitignore").write_text("build/\n")
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-q", "-m", "series")
+    head = git(root, "rev-parse", "HEAD")
+    assert three_patches.run("overlay", "--into", str(site)).code == 0
+    dist = next(site.glob("sglang-*.dist-info"))
+    overlaid = json.loads((dist / "xpu_series.json").read_text())
+    built = three_patches.run("--json", "wheel", "--out", str(tmp_path / "clean"))
+    for record in (overlaid, wheel_record(built.out)):
+        assert (record["revision"], record["revision_dirty"]) == (head, False)
+    series = three_patches.patches / "series"
+    series.write_text(series.read_text() + "# a note\n")
+    built = three_patches.run("--json", "wheel", "--out", str(tmp_path / "dirty"))
+    recorded = wheel_record(built.out)
+    assert (recorded["revision"], recorded["revision_dirty"]) == (head, True)

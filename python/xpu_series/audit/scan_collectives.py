@@ -14,7 +14,7 @@ from __future__ import annotations
 import ast
 import re
 
-from xpu_series.audit.guards import describe, dotted
+from xpu_series.audit.guards import describe, dotted, xpu_truth
 from xpu_series.audit.scan_context import ScanContext
 from xpu_series.audit.scan_devices import is_cuda_string
 from xpu_series.audit.scan_records import COLLECTIVE_OP
@@ -87,7 +87,7 @@ def built(node: ast.AST, known: Facts | None = None) -> tuple[str, str]:
     keywords = {kw.arg: kw.value for kw in node.keywords if kw.arg}
     if isinstance(func, ast.Attribute) and func.attr in _BUILDERS:
         if (dotted(func.value) or "") == "torch":
-            device = keywords.get("device")
+            device = _on_xpu(keywords.get("device"))
             if device is None:
                 where = "cpu"  # torch's default device is the CPU
             elif isinstance(device, ast.Constant) and device.value == "cpu":
@@ -112,6 +112,7 @@ def built(node: ast.AST, known: Facts | None = None) -> tuple[str, str]:
         if method == "to":
             device, dtype = inner_device, inner_dtype
             for arg in (*node.args, *keywords.values()):
+                arg = _on_xpu(arg)
                 if isinstance(arg, ast.Constant) and arg.value == "cpu":
                     device = "cpu"
                 elif is_cuda_string(arg) or (dotted(arg) or "").endswith("device"):
@@ -119,7 +120,24 @@ def built(node: ast.AST, known: Facts | None = None) -> tuple[str, str]:
                 elif _dtype_of(arg):
                     dtype = _dtype_of(arg)
             return device, dtype
+        if method in ("mean", "std", "var", "norm"):
+            return inner_device, "float"
+        if method in ("tolist", "item", "numpy", "size", "dim", "numel"):
+            return "", ""  # not a tensor any more
+        # Other tensor methods (abs, amax, clamp, view, ...) keep where it
+        # lives and its dtype.
+        return inner_device, inner_dtype
     return "", ""
+
+
+def _on_xpu(node: ast.AST | None) -> ast.AST | None:
+    """The branch of `a if cond else b` XPU takes, when `cond` is known there."""
+    while isinstance(node, ast.IfExp):
+        truth = xpu_truth(node.test)
+        if truth is None:
+            return node
+        node = node.body if truth else node.orelse
+    return node
 
 
 class CollectiveScan(ScanContext):
@@ -171,7 +189,10 @@ class CollectiveScan(ScanContext):
             rest = [a for a in node.args[1:] if a is not op]
             group = rest[0] if rest else None
         group_text = describe(group) if group is not None else ""
-        callee = (dotted(node.func) or "call").rsplit(".", 1)[-1]
+        func = node.func
+        callee = (
+            func.attr if isinstance(func, ast.Attribute) else dotted(func) or "call"
+        )
         api = f"{callee}:ReduceOp.{name}"
         what = describe(tensor) if tensor is not None else "the tensor"
         if not dtype and isinstance(tensor, ast.Name) and _INT_NAMES.search(tensor.id):

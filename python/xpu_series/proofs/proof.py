@@ -22,7 +22,7 @@ from pathlib import Path
 
 from xpu_series.git import Git, run_command, stop_worker
 from xpu_series.project import Project
-from xpu_series.proofs.record import code_digest, environment_digest, test_inputs
+from xpu_series.proofs.record import code_digest, environment_digest, files_tests_read
 from xpu_series.stack.bytecode import prime
 
 # Bumped when what a cached outcome means changes (the plugin, the counting).
@@ -221,7 +221,7 @@ def outcome_key(project: Project, tree_id: str, tests: list[str]) -> str:
     for part in (_CACHE_FORMAT, sys.executable, sys.version, *digests, tree_id, *tests):
         h.update(part.encode() + b"\0")
     root = project.root.resolve()
-    files = set(_support_files(project, tests)) | set(test_inputs(root, tests))
+    files = set(_support_files(project, tests)) | set(files_tests_read(root, tests))
     for path in sorted(files):
         h.update(str(path.relative_to(root)).encode() + b"\0")
         h.update(path.read_bytes() + b"\0")

@@ -162,7 +162,7 @@ def _beside(path: Path, root: Path) -> list[Path]:
     return out
 
 
-def test_inputs(root: Path, tests: Iterable[str]) -> list[Path]:
+def files_tests_read(root: Path, tests: Iterable[str]) -> list[Path]:
     """Every file of the checkout a run of `tests` reads: the test files, what
     lies beside and above them (see _beside), and, transitively, every module
     they import that lives under test/ with what lies beside it."""
@@ -233,7 +233,7 @@ def patch_inputs(facts: SeriesFacts, k: int) -> PatchInputs:
             "patch": _digest([name.encode(), facts.files[k - 1].read_bytes()]),
             "below": _digest(below),
             "tests": _files_digest(
-                facts.root, test_inputs(facts.root, facts.tests[k - 1])
+                facts.root, files_tests_read(facts.root, facts.tests[k - 1])
             ),
             "accepted-mutants": _digest([accepted.encode()]),
             "pin": _digest([facts.pin.read_bytes()]),
@@ -404,7 +404,7 @@ def plan_proofs(
 ) -> ProofPlan:
     """Split `chosen` patches into proven, re-proven and trusted. Patches named
     on the command line are all run; the sample is drawn from the unchanged
-    ones, by `seed`, in series order (so a seed repeats its choice)."""
+    ones by `seed` (see sample)."""
     plan = ProofPlan(everything=everything, keeping=recorded is not None)
     unchanged: list[int] = []
     for k in chosen:
@@ -419,11 +419,28 @@ def plan_proofs(
         plan.reprove = unchanged
         return plan
     plan.seed = run_seed() if seed is None else seed
-    rng = random.Random(plan.seed)
-    picked = set(rng.sample(unchanged, min(size, len(unchanged))))
-    plan.reprove = [k for k in unchanged if k in picked]
-    plan.trusted = [k for k in unchanged if k not in picked]
+    picked = set(sample(plan.seed, [names[k - 1] for k in unchanged], size))
+    plan.reprove = [k for k in unchanged if names[k - 1] in picked]
+    plan.trusted = [k for k in unchanged if names[k - 1] not in picked]
     return plan
+
+
+def sample(seed: int, names: list[str], size: int) -> list[str]:
+    """The `size` names whose hash with `seed` is lowest: each name's chance is
+    the same, a seed always picks the same ones, and a patch added to the series
+    changes the pick only by taking a place itself (so a run with one patch
+    more costs what that patch costs, not a different sample).
+
+    >>> sample(7, ["a", "b", "c", "d"], 2) == sample(7, ["d", "c", "b", "a"], 2)
+    True
+    >>> set(sample(7, ["a", "b", "c"], 2)) <= set(sample(7, ["a", "b", "c", "e"], 3))
+    True
+    """
+
+    def rank(name: str) -> str:
+        return hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()
+
+    return sorted(sorted(names, key=rank)[:size])
 
 
 def in_ci() -> bool:

@@ -101,26 +101,30 @@ def single_rank():
 RECORDED: list = []
 
 
-def _device_tensor(device: str, cuda: bool) -> type:
+def _device_tensor(device: str) -> type:
     import torch
 
     def record_stream(self, stream) -> None:
         RECORDED.append((self, stream))
 
-    # Tensors computed from one (indexing, arithmetic, cat) keep its class.
+    # Every way torch answers "which device" agrees with `device`, so code may ask
+    # any of them. Tensors computed from one (indexing, arithmetic, cat) keep its
+    # class.
     return type(
         f"{device.capitalize()}Tensor",
         (torch.Tensor,),
         {
             "device": property(lambda self: torch.device(device, 0)),
-            "is_cuda": property(lambda self: cuda),
+            "is_cuda": property(lambda self: device == "cuda"),
+            "is_xpu": property(lambda self: device == "xpu"),
+            "is_cpu": property(lambda self: False),
             "record_stream": record_stream,
         },
     )
 
 
-XpuTensor = _device_tensor("xpu", cuda=False)
-CudaTensor = _device_tensor("cuda", cuda=True)
+XpuTensor = _device_tensor("xpu")
+CudaTensor = _device_tensor("cuda")
 
 
 def assert_recorded_once_on(case: Any, stream: Any, tensors: list) -> None:
