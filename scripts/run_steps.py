@@ -5,17 +5,20 @@
     scripts/test --list          the steps and their lanes
     scripts/test lint verify     only these steps (after bootstrap)
     scripts/test --serial        one step at a time (lanes one after another)
+    scripts/test -j 3            three steps at once (default: one per core)
 
-After bootstrap and the lints, three lanes run side by side: the tool's own
-checks (its tests, the mutants, the audit), the proofs on the patched tree and
-across releases (verify, the matrix, the registered tests, the replay) and the
-real-server, overlay, image and upstream checks. verify and its mutants have a
-folder each under build/ (each locks its own), so they may run side by side.
-Much of their time is spent waiting (servers starting, timeouts,
-subprocesses): on two cores, a third lane fills those waits. Every line a
-step prints is relayed live with its step's tag; each step's full output is
-also kept in build/reports/steps/. The summary table and
-build/reports/steps.json name each step's duration.
+After bootstrap and the lints, three lanes take turns on the cores, one step
+per core at a time (-j N to change): the tool's own checks (its tests, the
+mutants, the audit), the proofs on the patched tree and across releases
+(verify, the matrix, the registered tests, the replay) and the real-server,
+overlay, image and upstream checks. verify and its mutants have a folder each
+under build/ (each locks its own), so they may run side by side. Each step runs
+under `--reap` (a child subreaper): what it starts is waited for and counted in
+its CPU, and nothing it leaves behind outlives it. Every line a step prints is
+relayed live with its step's tag; each step's full output is also kept in
+build/reports/steps/. The summary table and build/reports/steps.json name each
+step's duration and CPU (steps.json also its system time, and the run's proof
+seed, which every step gets as XPU_SERIES_PROOF_SEED).
 
 Standard library only: it runs before .venv exists.
 """

@@ -700,3 +700,69 @@ def test_changing_any_input_invalidates_the_record(
         for name in after
     }
     assert {n: kinds for n, kinds in changed.items() if kinds} == expected
+
+
+def test_a_proof_whose_inputs_change_while_it_runs_is_not_recorded(
+    verified: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test rewrites a helper its own test file imports: the record would be
+    # keyed by content the proof never saw.
+    helper = verified.root / "test" / "helpers" / "stamp.py"
+    helper.parent.mkdir(parents=True)
+    helper.write_text("RUNS = 0\n")
+    moving = _write_test(
+        verified,
+        "test_moving.py",
+        "import sys\nfrom pathlib import Path\n\n"
+        "HELPER = Path(__file__).parent / 'helpers' / 'stamp.py'\n"
+        "sys.path.insert(0, str(HELPER.parent))\n"
+        "import stamp  # noqa: E402\n"
+        "from sglang.srt.other import answer  # noqa: E402\n\n"
+        "def test_answer():\n"
+        "    HELPER.write_text(f'RUNS = {stamp.RUNS + 1}\\n')\n"
+        "    assert answer() == 42\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/other.py",
+        "def answer():\n    return 42\n",
+        "[XPU] Fix the answer",
+        Tests=moving,
+    )
+    monkeypatch.delenv("CI", raising=False)
+    result = verified.run("verify", "--record")
+    assert result.code == 0, result.err
+    assert "recorded 1 patch(es) in patches/proofs.json: 0001" in result.err
+    assert (
+        "note: not recorded, their inputs changed while the run went on: "
+        "0002-fix-the-answer.patch" in result.err
+    )
+    assert "hint: run 'xpu-series verify --record' again" in result.err
+    record = json.loads((verified.patches / "proofs.json").read_text())
+    assert list(record["patches"]) == ["0001-raise-value.patch"]
+
+
+def test_a_mutant_stopped_by_its_time_limit_is_left_out_of_the_comparison() -> None:
+    from xpu_series.proofs.mutants import Mutant, PatchMutants
+
+    made = [Mutant("a.py", "op", 1, "x = 1", f"x = {n}", f"x = {n}\n") for n in (2, 3)]
+    first, second = (m.id for m in made)
+    row = {"id": first, "diff": "a.py:1: -x = 1 +x = 2", "operator": "op"}
+    recorded = {"made": 2, "survived": [row], "timed_out": []}
+
+    def now(outcomes: dict[str, str]) -> str:
+        return PatchMutants("p", ("t",), made, outcomes, {}).disagreement(recorded)
+
+    assert now({first: "survived", second: "killed"}) == ""
+    # A kill where the record has a survivor, and the other way round.
+    assert now({first: "killed", second: "killed"}) == f"killed now: {first}"
+    assert now({first: "survived", second: "survived"}) == f"survived now: {second}"
+    # Stopped by its time limit now (a kill that a loaded machine can make).
+    assert now({first: "timeout", second: "killed"}) == ""
+    # ... or when the record was made.
+    recorded["timed_out"] = [second]
+    assert now({first: "survived", second: "survived"}) == ""
+    assert now({first: "survived"}) == ""
+    recorded["made"] = 3
+    assert (
+        now({first: "survived", second: "killed"}) == "3 mutants recorded, 2 made now"
+    )

@@ -30,7 +30,7 @@ Say = Callable[[str], None]
 _HERE = Path(__file__).resolve().parent
 # The tree-wide rules: a change to one of these re-places every finding (the
 # per-file scans stay valid).
-_TREE_RULES = ("classes.py", "surface.py", "reach.py", "place.py")
+_TREE_RULES = ("classes.py", "surface.py", "reach.py", "place.py", "cache.py")
 
 
 def analyzer_digest() -> str:

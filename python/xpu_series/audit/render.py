@@ -143,7 +143,18 @@ def render_text(report: AuditReport, verbose: bool = False) -> str:
 def render_markdown(report: AuditReport, verbose: bool = False) -> str:
     """A job-summary table: the exposed and new findings, one row each."""
     lines = [f"### xpu-series audit: {report.label}", ""]
-    lines += [f"- {line}" for line in summary_lines(report)]
+    lines += [
+        f"- {line}"
+        for line in summary_lines(report)
+        if not line.startswith(("by kind:", "  "))
+    ]
+    counts = report.by_kind()
+    lines += ["", "| kind | " + " | ".join(VERDICTS) + " |"]
+    lines += ["|---|" + "---|" * len(VERDICTS)]
+    lines += [
+        f"| {kind} | " + " | ".join(str(v.get(x, "")) for x in VERDICTS) + " |"
+        for kind, v in counts.items()
+    ]
     rows = [
         [
             f"`{f.file.removeprefix('python/')}:{f.line}`",

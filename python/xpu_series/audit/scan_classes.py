@@ -95,9 +95,10 @@ class ClassScan(ScanContext):
     """Class facts, builds and class tests (resolved when the module is done)."""
 
     def install_classes(self, text: bytes) -> None:
-        # Local names bound to a class chosen at run time
-        # (`cls = A if c else B`, then `cls(...)` builds one of them).
-        self.class_vars: dict[str, list[str]] = {}
+        # Names a function binds to a class chosen at run time
+        # (`cls = A if c else B`, then `cls(...)` builds one of them), by
+        # (function, name): a classmethod's own `cls` is another name.
+        self.class_vars: dict[tuple[str, str], list[str]] = {}
         if b"class " in text:
             self.on_classdef.append(self._class_fact)
         self.on_call.append(self._build_or_isinstance)
@@ -139,7 +140,7 @@ class ClassScan(ScanContext):
         if len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
             names = _chosen_classes(node.value)
             if names:
-                self.class_vars[node.targets[0].id] = names
+                self.class_vars[(self.function, node.targets[0].id)] = names
 
     def _build_or_isinstance(self, node: ast.Call) -> None:
         func = node.func
@@ -149,8 +150,8 @@ class ClassScan(ScanContext):
                 self._use(node, "isinstance", _class_names(node.args[1]))
             elif name[:1].isupper() and name not in _BUILTINS:
                 self._use(node, "build", [name])
-            elif name in self.class_vars:
-                self._use(node, "build", self.class_vars[name])
+            elif (self.function, name) in self.class_vars:
+                self._use(node, "build", self.class_vars[(self.function, name)])
         elif isinstance(func, ast.IfExp):
             self._use(node, "build", _chosen_classes(func))
         elif (

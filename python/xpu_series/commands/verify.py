@@ -15,7 +15,7 @@ from xpu_series.project import Project
 from xpu_series.proofs.mutant_runs import MutantsResult, run_mutants
 from xpu_series.proofs.mutants import ACCEPTED, PatchMutants
 from xpu_series.proofs.proof import Counts, PrefixRunner, Run, count
-from xpu_series.proofs.record import RECORD_HINT, Recorded, save_record
+from xpu_series.proofs.record import RECORD_HINT
 from xpu_series.proofs.series_proof import (
     MUTANTS_FOLDER,
     Proving,
@@ -226,14 +226,8 @@ def run_verify(
         {n: p.disagreement for n, p in proofs.items()},
     )  # fmt: skip
     if proving.record and result.ok:
-        proven = {
-            names[k - 1]: Recorded(
-                dict(inputs[k].digests), proofs[names[k - 1]].record_result()
-            )
-            for k in ran
-        }
-        save_record(project.patches_dir, "verify", names, proven)
-        result.record.recorded = sorted(proven)
+        results = {k: proofs[names[k - 1]].record_result() for k in ran}
+        prefixes.record("verify", result.record, inputs, results)
     return result
 
 
@@ -314,6 +308,12 @@ def _render_record(out: Output, check: RecordCheck, verb: str) -> None:
     if check.recorded:
         shown = ", ".join(n[:4] for n in check.recorded)
         out.err.append(f"recorded {len(check.recorded)} patch(es) in {RECORD}: {shown}")
+    if check.moved:
+        out.err.append(
+            f"note: not recorded, their inputs changed while the run went on: "
+            f"{', '.join(check.moved)}"
+        )
+        out.err.append(f"hint: run '{verb} --record' again")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

@@ -26,7 +26,6 @@ from xpu_series.proofs.mutants import (
     run_worker,
 )
 from xpu_series.proofs.proof import Worktrees, load_outcomes, outcome_key, store_json
-from xpu_series.proofs.record import Recorded, save_record
 from xpu_series.proofs.series_proof import (
     MUTANTS_FOLDER,
     Proving,
@@ -167,15 +166,12 @@ def run_mutants(
         {n: p.disagreement for n, p in by_name.items()},
     )  # fmt: skip
     if proving.record and result.ok and not only:
-        proven = {
-            names[k - 1]: Recorded(
-                dict(inputs[k].digests), by_name[names[k - 1]].record_result()
-            )
+        results = {
+            k: by_name[names[k - 1]].record_result()
             for k in chosen
             if k in plan.prove or k in again
         }
-        save_record(project.patches_dir, "mutants", names, proven)
-        result.record.recorded = sorted(proven)
+        prefixes.record("mutants", result.record, inputs, results)
     result.seconds = time.monotonic() - start
     return result
 

@@ -25,6 +25,7 @@ from xpu_series.proofs.record import (
     plan_proofs,
     prove_all_asked,
     sample_size,
+    save_record,
 )
 from xpu_series.result import Report
 from xpu_series.stack.build import ScratchRequest, build_scratch
@@ -84,8 +85,10 @@ class SeriesPrefixes:
                 )
 
     def facts(self) -> SeriesFacts:
-        """What each patch's record key is computed from."""
+        """What each patch's record key is computed from, read now."""
         series = self.project.series().patches
+        if [p.name for p in series] != self.names:
+            raise SeriesChanged
         trees = self.git.out(
             "rev-parse", *(f"{c}^{{tree}}" for c in self.commits)
         ).split()
@@ -124,6 +127,42 @@ class SeriesPrefixes:
             sample_size(),
         )  # fmt: skip
         return plan, inputs, recorded or {}
+
+    def record(
+        self,
+        part: str,
+        check: RecordCheck,
+        inputs: dict[int, PatchInputs],
+        results: dict[int, dict[str, Any]],
+    ) -> None:
+        """Write `results` (patch k -> what its full proof found) into the
+        record's `part`: each keyed by the inputs the run began with, and only
+        where they are still those (a file edited while the tests ran would key
+        the record by content the proof never saw)."""
+        try:
+            now = self.facts()
+        except SeriesChanged:
+            check.moved = [self.names[k - 1] for k in results]
+            return
+        proven: dict[str, Recorded] = {}
+        for k, result in results.items():
+            name = self.names[k - 1]
+            if patch_inputs(now, k).key != inputs[k].key:
+                check.moved.append(name)
+                continue
+            proven[name] = Recorded(dict(inputs[k].digests), result)
+        save_record(self.project.patches_dir, part, self.names, proven)
+        check.recorded = sorted(proven)
+
+
+class SeriesChanged(XpuSeriesError):
+    """patches/series lists other patches than when the run began."""
+
+    def __init__(self) -> None:
+        super().__init__(
+            "patches/series changed while the run went on",
+            hint="run it again once the series stands still",
+        )
 
 
 # Where `verify --mutants` applies the series and keeps its worktrees.
@@ -177,6 +216,8 @@ class RecordCheck:
     stale_fails: bool = False
     recorded: list[str] = field(default_factory=list)
     reproven: list[str] = field(default_factory=list)  # names of the sample
+    # Proven, yet not recorded: their inputs changed while the run went on.
+    moved: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -189,6 +230,7 @@ class RecordCheck:
             "disagreements": self.disagreements,
             "stale": self.stale,
             "recorded": self.recorded,
+            "not_recorded": self.moved,
         }
 
 

@@ -1,0 +1,138 @@
+"""TP ranks agree on the sampled token ids on XPU, whose collective library (oneCCL,
+torch's xccl backend) computes an integer all_reduce MIN as a SUM."""
+
+import multiprocessing
+import os
+import sys
+import tempfile
+import traceback
+import unittest
+from datetime import timedelta
+from pathlib import Path
+from unittest import mock
+
+import torch
+import torch.distributed as dist
+from sglang.srt.layers.sampler import Sampler
+from sglang.srt.sampling.sampling_batch_info import SamplingBatchInfo
+from sglang.test.ci.ci_register import register_cpu_ci
+from sglang.test.test_utils import CustomTestCase
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from standins import standin  # noqa: E402
+
+register_cpu_ci(est_time=20, suite="base-a-test-cpu")
+
+WORLD = 2
+INTEGER_MIN_MAX = (dist.ReduceOp.MIN, dist.ReduceOp.MAX)
+
+
+def _collective_library(backend: str, calls: list):
+    """torch.distributed as a group of `backend` does it, over real gloo ranks.
+
+    oneCCL is the boundary a CPU runner cannot have: for xccl an integer MIN or
+    MAX is computed as a SUM, as it is on XPU; every other op is gloo's own."""
+    real_all_reduce = dist.all_reduce
+    real_all_gather = dist.all_gather
+
+    def all_reduce(tensor, op=dist.ReduceOp.SUM, group=None, async_op=False):
+        calls.append(("all_reduce", op))
+        if (
+            backend == "xccl"
+            and op in INTEGER_MIN_MAX
+            and not tensor.is_floating_point()
+        ):
+            op = dist.ReduceOp.SUM
+        return real_all_reduce(tensor, op=op, group=group, async_op=async_op)
+
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        calls.append(("all_gather", None))
+        return real_all_gather(tensor_list, tensor, group=group, async_op=async_op)
+
+    return [
+        mock.patch.object(dist, "get_backend", lambda group=None: backend),
+        mock.patch.object(dist, "all_reduce", all_reduce),
+        mock.patch.object(dist, "all_gather", all_gather),
+    ]
+
+
+def _rank(rank: int, init_file: str, backend: str, ids: list, results) -> None:
+    """One TP rank: sync its sampled ids for a batch with a grammar."""
+    try:
+        dist.init_process_group(
+            "gloo",
+            init_method=f"file://{init_file}",
+            rank=rank,
+            world_size=WORLD,
+            timeout=timedelta(seconds=60),
+        )
+        calls: list = []
+        patches = _collective_library(backend, calls)
+        for patch in patches:
+            patch.start()
+        sampler = standin(Sampler, tp_sync_group=dist.group.WORLD)
+        # A constrained request makes the sampler sync (xgrammar at TP > 1).
+        batch = standin(SamplingBatchInfo, grammars=[object()])
+        token_ids = torch.tensor(ids[rank], dtype=torch.int64)
+        sampler._sync_token_ids_across_tp(token_ids, batch)
+        for patch in patches:
+            patch.stop()
+        dist.destroy_process_group()
+        results.put((rank, token_ids.tolist(), [name for name, _ in calls], None))
+    except BaseException:
+        results.put((rank, None, None, traceback.format_exc()))
+    finally:
+        os._exit(0)
+
+
+def synced(backend: str, ids: list) -> dict:
+    """Each rank's ids after the sync, and the collectives it called."""
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file = os.path.join(tmp, "rendezvous")
+        ranks = [
+            context.Process(target=_rank, args=(r, init_file, backend, ids, results))
+            for r in range(WORLD)
+        ]
+        for process in ranks:
+            process.start()
+        out = {}
+        for _ in range(WORLD):
+            rank, token_ids, calls, error = results.get(timeout=120)
+            if error:
+                raise AssertionError(f"rank {rank} failed:\n{error}")
+            out[rank] = (token_ids, calls)
+        for process in ranks:
+            process.join(timeout=30)
+    return out
+
+
+class TestTokenSyncOnXccl(CustomTestCase):
+    def test_ranks_that_agree_keep_their_ids(self):
+        out = synced("xccl", [[5, 17, 3], [5, 17, 3]])
+        for rank in range(WORLD):
+            self.assertEqual(out[rank][0], [5, 17, 3], f"rank {rank}")
+
+    def test_ranks_that_disagree_take_the_minimum_as_on_cuda(self):
+        out = synced("xccl", [[5, 17, 3], [4, 20, 3]])
+        for rank in range(WORLD):
+            self.assertEqual(out[rank][0], [4, 17, 3], f"rank {rank}")
+
+    def test_no_integer_min_reaches_onccl(self):
+        out = synced("xccl", [[5, 17, 3], [5, 17, 3]])
+        for rank in range(WORLD):
+            self.assertNotIn("all_reduce", out[rank][1], f"rank {rank}")
+
+
+class TestTokenSyncOnNccl(CustomTestCase):
+    def test_cuda_keeps_its_all_reduce_min(self):
+        out = synced("nccl", [[5, 17, 3], [4, 20, 3]])
+        for rank in range(WORLD):
+            token_ids, calls = out[rank]
+            self.assertEqual(token_ids, [4, 17, 3], f"rank {rank}")
+            self.assertEqual(calls, ["all_reduce"], f"rank {rank}")
+
+
+if __name__ == "__main__":
+    unittest.main()
