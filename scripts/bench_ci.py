@@ -9,6 +9,7 @@ and system seconds from build/reports/steps.json.
     python3 scripts/bench_ci.py --no-marginal    # cold and warm only
     python3 scripts/bench_ci.py --dirty          # the checkout as it is, not HEAD
     python3 scripts/bench_ci.py --runs 2         # medians of two clean clones
+    python3 scripts/bench_ci.py --keep-going     # time every step, even failed ones
     python3 scripts/bench_ci.py --quick          # the last run's steps, no new run
     python3 scripts/bench_ci.py --quick-all      # every bench_*.py in quick mode
 
@@ -58,18 +59,23 @@ MARGINAL_STEPS = ("verify", "mutants", "matrix", "registered", "upstream-check")
 TOTAL = "(wall clock)"
 
 
-def load_steps(path: Path, field: str = "seconds") -> dict[str, float]:
+def load_steps(
+    path: Path, field: str = "seconds", failed_ok: bool = False
+) -> dict[str, float]:
     """Seconds per step tag of one run (`field`: wall "seconds", "cpu_s" or
-    "sys_s"); a failed step is an error, not a time."""
+    "sys_s"); a failed step is an error, not a time (with `failed_ok`, its
+    time is kept under "TAG (failed)")."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError) as exc:
         raise SystemExit(f"error: cannot read {path}: {exc}") from None
     failed = [s["tag"] for s in data["steps"] if s["code"] not in (0, None)]
-    if failed:
+    if failed and not failed_ok:
         raise SystemExit(f"error: {path}: these steps failed: {', '.join(failed)}")
     times = {
-        s["tag"]: float(s.get(field, 0.0)) for s in data["steps"] if s["code"] == 0
+        s["tag"] + ("" if s["code"] == 0 else " (failed)"): float(s.get(field, 0.0))
+        for s in data["steps"]
+        if s["code"] is not None
     }
     if field == "seconds":
         times[TOTAL] = float(data["wall_s"])
@@ -156,9 +162,10 @@ def _tests_of(patch: Path) -> set[str]:
     }
 
 
-def _clone(head: str, dirty: bool, label: str) -> Path:
+def _clone(head: str, dirty: bool, label: str, extra: Path | None) -> Path:
     """A clean clone of HEAD (with `dirty`, plus the checkout's uncommitted
-    changes and untracked files): no .venv, no build/."""
+    changes and untracked files; `extra`, a diff applied on top): no .venv, no
+    build/."""
     clone = Path(tempfile.mkdtemp(prefix=f"bench-ci-{head}-{label}-"))
     subprocess.run(["git", "clone", "-q", "--no-hardlinks", str(ROOT), str(clone)],
                    check=True)  # fmt: skip
@@ -177,27 +184,36 @@ def _clone(head: str, dirty: bool, label: str) -> Path:
         for name in (os.fsdecode(n) for n in untracked if n):
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, clone / name)
+    if extra is not None:
+        subprocess.run(["git", "-C", str(clone), "apply", str(extra.resolve())],
+                       check=True)  # fmt: skip
     return clone
 
 
 def _ci(
-    clone: Path, log: Path, steps: list[str], seed: int
+    clone: Path, log: Path, steps: list[str], seed: int, keep_going: bool = False
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
     """One run of the README's command in `clone` (only `steps`, when named):
     wall, CPU and system seconds per step."""
     start = time.monotonic()
     command = ["bash", ".ci/run"] if not steps else ["scripts/test", *steps]
+    if keep_going:
+        command = ["scripts/test", "--keep-going", *steps]
     env = {**os.environ, "CI": "true", "XPU_SERIES_PROOF_SEED": str(seed)}
     env.pop("XPU_SERIES_FRESH", None)
     with log.open("w") as out:
         done = subprocess.run(command, cwd=clone, env=env, stdout=out,
                               stderr=subprocess.STDOUT, check=False)  # fmt: skip
-    if done.returncode:
+    if done.returncode and not keep_going:
         raise SystemExit(f"error: {' '.join(command)} failed in {clone} (see {log})")
     print(f"  {' '.join(command)} in {clone}: {time.monotonic() - start:.0f} s",
           flush=True)  # fmt: skip
     path = clone / STEPS
-    return load_steps(path), load_steps(path, "cpu_s"), load_steps(path, "sys_s")
+    return (
+        load_steps(path, failed_ok=keep_going),
+        load_steps(path, "cpu_s", keep_going),
+        load_steps(path, "sys_s", keep_going),
+    )
 
 
 def full(args: argparse.Namespace) -> int:
@@ -216,20 +232,27 @@ def full(args: argparse.Namespace) -> int:
     for number in range(1, args.runs + 1):
         print(f"run {number}/{args.runs}: clean clone of {head} (seed {seed})",
               flush=True)  # fmt: skip
-        clone = _clone(head, args.dirty, "whole")
-        wall, cpu, system = _ci(clone, clone.with_suffix(".cold.log"), args.steps, seed)
+        clone = _clone(head, args.dirty, "whole", args.apply)
+        wall, cpu, system = _ci(
+            clone, clone.with_suffix(".cold.log"), args.steps, seed, args.keep_going
+        )
         columns["cold"].append(wall)
         columns["cold cpu"].append(cpu)
         columns["cold sys"].append(system)
         if not args.no_warm:
-            warm = _ci(clone, clone.with_suffix(".warm.log"), args.steps, seed)[0]
+            warm = _ci(
+                clone, clone.with_suffix(".warm.log"), args.steps, seed,
+                args.keep_going,
+            )[0]  # fmt: skip
             columns["warm"].append(warm)
         if not args.no_marginal:
-            other = _clone(head, args.dirty, "without")
+            other = _clone(head, args.dirty, "without", args.apply)
             removed = leave_out(other, left)
             print(f"  without {left}: removed {', '.join(removed)}", flush=True)
             steps = [s for s in (args.steps or MARGINAL_STEPS) if s != "bootstrap"]
-            _w, less, _s = _ci(other, other.with_suffix(".cold.log"), steps, seed)
+            _w, less, _s = _ci(
+                other, other.with_suffix(".cold.log"), steps, seed, args.keep_going
+            )
             whole = {t: cpu[t] for t in steps if t in cpu}
             diff = {t: whole[t] - less.get(t, 0.0) for t in whole}
             diff[TOTAL] = sum(diff.values())
@@ -277,6 +300,14 @@ def main(argv: list[str]) -> int:
         "--dirty", action="store_true", help="with the uncommitted changes too"
     )
     parser.add_argument("--seed", type=int, default=0, help="the proofs' seed")
+    parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="time every step even when one fails (scripts/test --keep-going)",
+    )
+    parser.add_argument(
+        "--apply", type=Path, metavar="DIFF", help="apply this diff in each clone"
+    )
     parser.add_argument("--keep", action="store_true", help="keep the clones")
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the last run's steps")

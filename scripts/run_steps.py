@@ -6,6 +6,7 @@
     scripts/test lint verify     only these steps (after bootstrap)
     scripts/test --serial        one step at a time (lanes one after another)
     scripts/test -j 3            three steps at once (default: one per core)
+    scripts/test --keep-going    every step, even after one failed (to time them)
 
 After bootstrap and the lints, three lanes take turns on the cores, one step
 per core at a time (-j N to change): the tool's own checks (its tests, the
@@ -255,6 +256,7 @@ class Run:
     # stretch every step; the lanes still keep their order).
     slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(2))
     seed: int = 0  # the proofs' sample (XPU_SERIES_PROOF_SEED), told at the start
+    keep_going: bool = False  # a failed step does not stop the others
 
     def say(self, text: str) -> None:
         with self.lock:
@@ -290,7 +292,7 @@ class Run:
 
 def run_step(run: Run, step: Step) -> bool:
     outcome = run.outcomes[step.tag]
-    if run.failed.is_set():
+    if run.failed.is_set() and not run.keep_going:
         outcome.note = "not run: an earlier step failed"
         return False
     logs = REPORTS / "steps"
@@ -332,7 +334,7 @@ def _missing(program: str) -> str:
 def _run_process(
     run: Run, step: Step, outcome: Outcome, key: str, env: dict[str, str]
 ) -> bool:
-    if run.failed.is_set():  # while it waited for a slot
+    if run.failed.is_set() and not run.keep_going:  # while it waited for a slot
         outcome.note = "not run: an earlier step failed"
         return False
     passed = ROOT / CACHE / f"{key}.json"
@@ -558,6 +560,11 @@ def main(argv: list[str]) -> int:
         help="run every step, even one that passed on the same inputs before",
     )
     parser.add_argument(
+        "--keep-going",
+        action="store_true",
+        help="run every step even after one failed (the run still fails)",
+    )
+    parser.add_argument(
         "-j",
         "--jobs",
         type=int,
@@ -583,6 +590,7 @@ def main(argv: list[str]) -> int:
     ]
     run = Run(outcomes={s.tag: Outcome(s) for s in chosen})
     run.slots = threading.Semaphore(max(1, args.jobs))
+    run.keep_going = args.keep_going
     fresh = args.fresh or os.environ.get("XPU_SERIES_FRESH") == "1"
     run.digest = "" if fresh else inputs_digest()
     run.seed = proof_seed()

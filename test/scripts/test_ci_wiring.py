@@ -495,3 +495,19 @@ def test_bench_ci_leaves_out_the_top_patch_and_what_only_it_tests(
     assert list(record["patches"]) == ["0001-a.patch"]
     # The marginal column reads as a difference, even a negative one.
     assert bench._clock(-75) == "-1m15s" and bench._clock(-2.5) == "-2.5s"
+
+
+def test_keep_going_runs_every_step_and_still_fails_the_run(steps, capsys) -> None:
+    _fake(
+        steps,
+        ("bootstrap", "true", "first", 60),
+        ("breaks", "exit 3", "tool", 60),
+        ("after", "echo still timed", "tool", 60),
+    )
+    assert steps.main(["--keep-going"]) == 1
+    out = capsys.readouterr().out
+    assert "[after] still timed" in out
+    report = json.loads((steps.REPORTS / "steps.json").read_text())
+    assert {s["tag"]: s["code"] for s in report["steps"]} == {
+        "bootstrap": 0, "breaks": 3, "after": 0,
+    }  # fmt: skip

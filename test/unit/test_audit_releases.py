@@ -215,6 +215,13 @@ def test_the_new_rules_leave_what_is_right_on_xpu_alone(shipped: list[dict]) -> 
     assert not [
         f for f in shipped if f["kind"] == "backend-class" and f["file"].endswith(named)
     ]
+    # Gemma-3's mask rule has an `elif is_xpu()` arm beside its Triton test.
+    assert not one(
+        shipped,
+        "backend-class",
+        "srt/models/gemma3_mm.py",
+        "Gemma3ForConditionalGeneration.prepare_attn_masks",
+    )
     # An op that defines forward_xpu (QSAIndexer) is no finding where built.
     assert not [f for f in shipped if f["api"] == "forward:QSAIndexer"]
     # A float MIN/MAX (the NVFP4 activation scale) is not an xccl hazard.
@@ -248,3 +255,34 @@ def test_the_default_report_on_the_series_fits_a_screen_and_counts_each_kind(
     assert "kernel surface: sgl-kernel-xpu main 9cf16bf" in out
     data = audit(capsys)
     assert not [f for f in data if f["verdict"] == "exposed" and not f["patched"]]
+
+
+@pytest.mark.skipif(
+    not cached("0.5.20"),
+    reason="the sglang 0.5.20 wheel is not in build/cache (xpu-series fetch "
+    "--upstream 0.5.20 brings it)",
+)
+def test_the_gemma3_mask_rule_upstream_fixed_is_found_where_it_stood(
+    capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    # 0.5.20-0.5.22 gave Gemma-3's bidirectional image mask to TritonAttnBackend
+    # only (https://github.com/sgl-project/sglang/pull/39805 fixed it in 0.5.23).
+    empty = tmp_path / "audit.toml"
+    empty.write_text("")
+    findings = audit(
+        capsys, "--upstream", "0.5.20", "--pristine", "--triage", str(empty)
+    )
+    mask = one(
+        findings,
+        "backend-class",
+        "srt/models/gemma3_mm.py",
+        "Gemma3ForConditionalGeneration.prepare_attn_masks",
+    )
+    assert [(f["api"], f["verdict"]) for f in mask] == [
+        ("isinstance:TritonAttnBackend", "exposed")
+    ]
+    # The rejection-sampling flag XPU ignored, then inline in eagle_sample.
+    greedy = one(
+        findings, "xpu-downgrade", "srt/speculative/eagle_utils.py", "eagle_sample"
+    )
+    assert {f["effect"] for f in greedy} == {"wrong-result"}

@@ -268,3 +268,27 @@ def test_an_unparsable_file_is_reported_and_the_rest_audited(project: Project) -
     assert {f["kind"] for f in data["findings"]} == {"torch-cuda", "collective-op"}
     text = project.run("audit", "--tree", str(tree)).out
     assert "warning: python/sglang/srt/broken.py does not parse (line 1" in text
+
+
+def test_what_the_series_adds_is_listed_even_when_a_broad_entry_triages_it(
+    project: Project,
+) -> None:
+    # The tree with the series (build/sglang, its `upstream` tag the release as
+    # shipped) gains a scheduler whose reduction a broad entry accepts.
+    scheduler = project.tree / "python/sglang/srt/managers/scheduler.py"
+    scheduler.parent.mkdir(parents=True, exist_ok=True)
+    scheduler.write_text(SCHEDULER)
+    (project.patches / "audit.toml").write_text(
+        '[[accept]]\nfile = "python/sglang/srt/managers/*"\nkind = "collective-op"\n'
+        'reason = "a broad entry written for something else"\n'
+    )
+    result = project.run("audit")
+    assert "all_reduce:ReduceOp.MIN [collective-op, wrong-result] triaged" in (
+        result.out
+    )
+    # The two CUDA calls are new too (and exposed).
+    assert "new with the series (not in the release as shipped): 3" in result.out
+    data = json.loads(project.run("audit", "--json").out)
+    added = set(data["new_with_series"])
+    kinds = sorted(f["kind"] for f in data["findings"] if f["fingerprint"] in added)
+    assert kinds == ["collective-op", "torch-cuda", "torch-cuda"]

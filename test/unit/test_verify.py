@@ -427,9 +427,9 @@ def test_a_second_verify_beside_a_running_one_is_refused_and_the_hint_works(
 
 
 @pytest.fixture
-def recorded(verified: Project, monkeypatch: pytest.MonkeyPatch) -> Project:
-    """Three proven patches, their tests beside a helper imported from another
-    folder of test/, and a record of their full proofs."""
+def tested(verified: Project) -> Project:
+    """Three patches with tests, one of them importing a helper from another
+    folder of test/."""
     helper = verified.root / "test" / "helpers" / "limits.py"
     helper.parent.mkdir(parents=True)
     helper.write_text("EXPECTED = 42\n")
@@ -457,14 +457,20 @@ def recorded(verified: Project, monkeypatch: pytest.MonkeyPatch) -> Project:
     verified.add_patch(
         "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise LIMIT", Tests=limit
     )
+    return verified
+
+
+@pytest.fixture
+def recorded(tested: Project, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """The three patches and a record of their full proofs."""
     # Off CI, and a known sample: one unchanged patch per run.
     monkeypatch.delenv("CI", raising=False)
     monkeypatch.delenv("XPU_SERIES_PROVE_ALL", raising=False)
     monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "1")
-    done = verified.run("verify", "--record")
+    done = tested.run("verify", "--record")
     assert done.code == 0, done.out + done.err
     assert "recorded 3 patch(es) in patches/proofs.json" in done.err
-    return verified
+    return tested
 
 
 def _sources(project: Project, *args: str) -> tuple[int, dict[str, str], str]:
@@ -685,8 +691,9 @@ def _extra_proof_code(project: Project, monkeypatch: pytest.MonkeyPatch) -> None
 
 @pytest.mark.parametrize("what", list(INPUTS))
 def test_changing_any_input_invalidates_the_record(
-    recorded: Project, monkeypatch: pytest.MonkeyPatch, what: str
+    tested: Project, monkeypatch: pytest.MonkeyPatch, what: str
 ) -> None:
+    recorded = tested
     (recorded.root / "pyproject.toml").write_text(
         '[project]\nname = "p"\noptional-dependencies = {test = ["pytest==9.2.0"]}'
         "\n\n[tool.ruff]\nline-length = 88\n"

@@ -103,6 +103,9 @@ class AuditReport:
     seconds: float = 0.0
     surface: Surface | None = None
     ledger: LedgerCheck | None = None
+    # Findings the series adds (not in the release as shipped) that a person
+    # should see even when triaged: neither guarded, unreached nor harmless.
+    introduced: list[Finding] = field(default_factory=list)
 
     def count(self, attr: str) -> dict[str, int]:
         return dict(Counter(getattr(f, attr) for f in self.findings))
@@ -263,8 +266,14 @@ def run_audit(
         series_found = place_tree(series_files, cache, surface, say).candidates
         fixed = fixed_by_series(found, series_found)
     findings, covered = judge(found, triage, fixed, executed)
+    introduced: list[Finding] = []
     if pristine_files is not None:
         pristine_found = place_tree(pristine_files, cache, surface, say).candidates
+        introduced = [
+            f
+            for f in only_new(findings, pristine_found)
+            if f.verdict in (EXPOSED, TRIAGED)
+        ]
         gone = fixed_by_series(pristine_found, found)
         extra, _ = judge(
             [c for c in pristine_found if _live(c)], [], Counter(gone), None
@@ -293,6 +302,7 @@ def run_audit(
         seconds=time.monotonic() - start,
         surface=surface,
         ledger=checked,
+        introduced=introduced,
     )
 
 

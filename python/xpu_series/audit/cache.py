@@ -27,6 +27,7 @@ from xpu_series.audit.source import TreeFiles
 
 FORMAT = "2"
 Say = Callable[[str], None]
+_SEEN: dict[Path, dict[str, Any]] = {}  # this process's scans, by cache key
 _HERE = Path(__file__).resolve().parent
 # The tree-wide rules: a change to one of these re-places every finding (the
 # per-file scans stay valid).
@@ -93,13 +94,18 @@ def scan_tree(
     scans: dict[str, dict[str, Any]] = {}
     missing: list[str] = []
     for path in sorted(files.blobs):
-        data = read_json(file_key(path))
+        key = file_key(path)
+        data = _SEEN.get(key) or read_json(key)
         if isinstance(data, dict):
             scans[path] = data
         else:
             missing.append(path)
     if missing:
         scans.update(_scan_missing(files, missing, file_key, say, jobs))
+    for path, data in scans.items():
+        # The release as shipped and with the series share most blobs: the
+        # second tree of a run takes them from here, not from disk.
+        _SEEN[file_key(path)] = data
     write_json(tree_cache, scans)
     return {p: FileScan.from_json(d) for p, d in scans.items()}, False
 

@@ -73,12 +73,18 @@ def summary_lines(report: AuditReport) -> list[str]:
 
 
 def _listed(report: AuditReport, everything: bool) -> list[Finding]:
-    """The findings a view lists: all with --all; else the exposed ones (with
-    --since: every new one a person must look at)."""
+    """The findings a view lists: all with --all; else the exposed ones and the
+    new ones a person must look at even when triaged (with --since, new since
+    that release; on the tree with the series, what the series adds)."""
     if everything:
         return report.findings
     shown = SHOWN if report.since else (EXPOSED,)
-    return [f for f in report.findings if f.verdict in shown and not f.patched]
+    added = {id(f) for f in report.introduced}
+    return [
+        f
+        for f in report.findings
+        if (f.verdict in shown and not f.patched) or id(f) in added
+    ]
 
 
 def _exposed_effects(findings: list[Finding]) -> list[tuple[str, int]]:
@@ -111,6 +117,11 @@ def render_text(report: AuditReport, verbose: bool = False) -> str:
         lines.append(
             "no exposed finding"
             + (f" new since {report.since}" if report.since else "")
+        )
+    if report.introduced:
+        lines.append(
+            f"new with the series (not in the release as shipped): "
+            f"{len(report.introduced)}, listed above"
         )
     for path, error in report.parse_errors:
         lines.append(f"warning: {path} {error}; the audit skipped it")
@@ -208,6 +219,7 @@ def render_json(report: AuditReport) -> dict[str, Any]:
             for e, n in report.triage
         ],
         "stale": [e.line for e in report.stale],
+        "new_with_series": [f.fingerprint() for f in report.introduced],
         "executed_source": report.executed_source,
         "cached": report.cached,
     }

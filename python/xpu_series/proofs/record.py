@@ -357,8 +357,10 @@ class ProofPlan:
                 "proving "
                 + ", ".join(f"{short[k - 1]} ({why})" for k, why in self.prove.items())
             )
-        if self.everything:
-            parts.append(f"re-proving all {len(self.reprove)} recorded")
+        if self.seed is None:  # --all, or patches named: no sample
+            if self.reprove:
+                chosen = ", ".join(short[k - 1] for k in self.reprove)
+                parts.append(f"re-proving {chosen} (unchanged)")
         elif self.reprove or self.trusted:
             chosen = ", ".join(short[k - 1] for k in self.reprove) or "none"
             parts.append(

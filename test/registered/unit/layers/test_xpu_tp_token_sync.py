@@ -82,6 +82,9 @@ def _rank(rank: int, init_file: str, backend: str, ids: list, results) -> None:
     except BaseException:
         results.put((rank, None, None, traceback.format_exc()))
     finally:
+        # Flush the result before leaving without the parent's exit handlers.
+        results.close()
+        results.join_thread()
         os._exit(0)
 
 
@@ -99,7 +102,7 @@ def synced(backend: str, ids: list) -> dict:
             process.start()
         out = {}
         for _ in range(WORLD):
-            rank, token_ids, calls, error = results.get(timeout=120)
+            rank, token_ids, calls, error = results.get(timeout=60)
             if error:
                 raise AssertionError(f"rank {rank} failed:\n{error}")
             out[rank] = (token_ids, calls)
