@@ -773,3 +773,29 @@ def test_a_mutant_stopped_by_its_time_limit_is_left_out_of_the_comparison() -> N
     assert (
         now({first: "survived", second: "killed"}) == "3 mutants recorded, 2 made now"
     )
+
+
+def test_a_patch_added_on_top_while_the_run_goes_on_keeps_the_proofs_below(
+    verified: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test adds a patch on top of the series as it runs (someone refreshing
+    # a new patch meanwhile): nothing the proofs below read has changed.
+    series = verified.patches / "series"
+    first = verified.patches / "0001-raise-value.patch"
+    _write_test(
+        verified,
+        "test_value.py",
+        "from pathlib import Path\nfrom sglang.srt.flags import VALUE\n\n"
+        "def test_value():\n"
+        f"    new = Path({str(verified.patches)!r}) / '0002-on-top.patch'\n"
+        f"    new.write_text(Path({str(first)!r}).read_text())\n"
+        f"    series = Path({str(series)!r})\n"
+        "    if '0002-on-top.patch' not in series.read_text():\n"
+        "        series.write_text(series.read_text() + '0002-on-top.patch\\n')\n"
+        "    assert VALUE == 2\n",
+    )
+    monkeypatch.delenv("CI", raising=False)
+    result = verified.run("verify", "--record")
+    assert result.code == 0, result.err
+    assert "recorded 1 patch(es) in patches/proofs.json: 0001" in result.err
+    assert "not recorded" not in result.err

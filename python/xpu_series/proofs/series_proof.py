@@ -85,10 +85,13 @@ class SeriesPrefixes:
                 )
 
     def facts(self) -> SeriesFacts:
-        """What each patch's record key is computed from, read now."""
+        """What each patch's record key is computed from, read now. A patch
+        added on top since the run began changes nothing below it; any other
+        change to patches/series is SeriesChanged."""
         series = self.project.series().patches
-        if [p.name for p in series] != self.names:
+        if [p.name for p in series][: len(self.names)] != self.names:
             raise SeriesChanged
+        series = series[: len(self.names)]
         trees = self.git.out(
             "rev-parse", *(f"{c}^{{tree}}" for c in self.commits)
         ).split()
@@ -151,7 +154,9 @@ class SeriesPrefixes:
                 check.moved.append(name)
                 continue
             proven[name] = Recorded(dict(inputs[k].digests), result)
-        save_record(self.project.patches_dir, part, self.names, proven)
+        # Pruned to the series as it is now (a patch added meanwhile keeps its).
+        names = [p.name for p in self.project.series().patches]
+        save_record(self.project.patches_dir, part, names, proven)
         check.recorded = sorted(proven)
 
 

@@ -23,8 +23,17 @@ from standins import standin  # noqa: E402
 
 register_cpu_ci(est_time=20, suite="base-a-test-cpu")
 
-WORLD = 2
+# Two TP groups of two ranks each (as with DP or PP beside TP): the sync must
+# stay inside a rank's own TP group.
+TP_GROUPS = ([0, 1], [2, 3])
+WORLD = 4
 INTEGER_MIN_MAX = (dist.ReduceOp.MIN, dist.ReduceOp.MAX)
+
+# Each rank's sampled ids, by rank.
+AGREE = [[5, 17, 3], [5, 17, 3], [8, 2, 6], [8, 2, 6]]
+DISAGREE = [[5, 17, 3], [4, 20, 3], [1, 9, 9], [9, 1, 9]]
+# What a MIN over each TP group gives (its ranks' elementwise minimum).
+MINIMUM = [[4, 17, 3], [1, 1, 9]]
 
 
 def _collective_library(backend: str, calls: list):
@@ -70,7 +79,9 @@ def _rank(rank: int, init_file: str, backend: str, ids: list, results) -> None:
         patches = _collective_library(backend, calls)
         for patch in patches:
             patch.start()
-        sampler = standin(Sampler, tp_sync_group=dist.group.WORLD)
+        groups = [dist.new_group(ranks) for ranks in TP_GROUPS]
+        own = groups[rank // 2]
+        sampler = standin(Sampler, tp_sync_group=own)
         # A constrained request makes the sampler sync (xgrammar at TP > 1).
         batch = standin(SamplingBatchInfo, grammars=[object()])
         token_ids = torch.tensor(ids[rank], dtype=torch.int64)
@@ -113,27 +124,27 @@ def synced(backend: str, ids: list) -> dict:
 
 class TestTokenSyncOnXccl(CustomTestCase):
     def test_ranks_that_agree_keep_their_ids(self):
-        out = synced("xccl", [[5, 17, 3], [5, 17, 3]])
+        out = synced("xccl", AGREE)
         for rank in range(WORLD):
-            self.assertEqual(out[rank][0], [5, 17, 3], f"rank {rank}")
+            self.assertEqual(out[rank][0], AGREE[rank], f"rank {rank}")
 
-    def test_ranks_that_disagree_take_the_minimum_as_on_cuda(self):
-        out = synced("xccl", [[5, 17, 3], [4, 20, 3]])
+    def test_ranks_that_disagree_take_their_group_minimum_as_on_cuda(self):
+        out = synced("xccl", DISAGREE)
         for rank in range(WORLD):
-            self.assertEqual(out[rank][0], [4, 17, 3], f"rank {rank}")
+            self.assertEqual(out[rank][0], MINIMUM[rank // 2], f"rank {rank}")
 
     def test_no_integer_min_reaches_onccl(self):
-        out = synced("xccl", [[5, 17, 3], [5, 17, 3]])
+        out = synced("xccl", AGREE)
         for rank in range(WORLD):
             self.assertNotIn("all_reduce", out[rank][1], f"rank {rank}")
 
 
 class TestTokenSyncOnNccl(CustomTestCase):
     def test_cuda_keeps_its_all_reduce_min(self):
-        out = synced("nccl", [[5, 17, 3], [4, 20, 3]])
+        out = synced("nccl", DISAGREE)
         for rank in range(WORLD):
             token_ids, calls = out[rank]
-            self.assertEqual(token_ids, [4, 17, 3], f"rank {rank}")
+            self.assertEqual(token_ids, MINIMUM[rank // 2], f"rank {rank}")
             self.assertEqual(calls, ["all_reduce"], f"rank {rank}")
 
 
