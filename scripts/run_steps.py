@@ -27,6 +27,7 @@ Standard library only: it runs before .venv exists.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import ctypes
 import hashlib
 import json
@@ -444,49 +445,32 @@ def reap(command: list[str]) -> int:
         return 127
     code = proc.wait()
     grace = float(os.environ.get(GRACE_ENV) or LEFTOVER_GRACE_S)
-    deadline = time.monotonic() + grace
-    stopped = False
+    deadline, stopped = time.monotonic() + grace, False
     while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            if os.waitpid(-1, os.WNOHANG)[0]:
+                continue
         except ChildProcessError:
-            break
-        if pid:
-            continue
+            return code
         if time.monotonic() > deadline and not stopped:
             left = _children()
-            print(
-                f"note: {len(left)} process(es) outlived the step: stopped",
-                file=sys.stderr,
-            )
+            print(f"note: {len(left)} process(es) outlived the step: stopped",
+                  file=sys.stderr)  # fmt: skip
             for child in left:
-                _signal(child, signal.SIGKILL)
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(child, signal.SIGKILL)
             stopped = True
         time.sleep(0.1)
-    return code
 
 
 def _children() -> list[int]:
-    """This process's children (Linux: /proc)."""
-    mine = str(os.getpid())
+    """This process's children (Linux: the 4th field of /proc/PID/stat)."""
     found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
-        try:
-            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if fields[1] == mine:
-            found.append(int(entry.name))
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        with contextlib.suppress(OSError, IndexError):
+            if stat.read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid()):
+                found.append(int(stat.parent.name))
     return found
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
 
 
 def _stop(proc: subprocess.Popen[bytes]) -> None:

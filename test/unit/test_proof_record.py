@@ -1,0 +1,410 @@
+"""The record of each patch's last full proof (patches/proofs.json): what a run
+proves, re-proves and trusts, what invalidates a record, and when a run fails."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import Project
+
+
+def _write_test(project: Project, name: str, body: str) -> str:
+    path = project.root / "test" / name
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(body)
+    return f"test/{name}"
+
+
+@pytest.fixture
+def verified(project: Project) -> Project:
+    """One patch that raises VALUE, with a test that fails without it."""
+    value = _write_test(
+        project,
+        "test_value.py",
+        "from sglang.srt.flags import VALUE\n\n"
+        "def test_value():\n    assert VALUE == 2\n",
+    )
+    project.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE",
+        Tests=value,
+    )
+    return project
+
+
+@pytest.fixture
+def tested(verified: Project) -> Project:
+    """Three patches with tests, one of them importing a helper from another
+    folder of test/."""
+    helper = verified.root / "test" / "helpers" / "limits.py"
+    helper.parent.mkdir(parents=True)
+    helper.write_text("EXPECTED = 42\n")
+    answer = _write_test(
+        verified,
+        "test_answer.py",
+        "import sys\nfrom pathlib import Path\n\n"
+        "sys.path.insert(0, str(Path(__file__).parent / 'helpers'))\n"
+        "from limits import EXPECTED  # noqa: E402\n"
+        "from sglang.srt.other import answer  # noqa: E402\n\n"
+        "def test_answer():\n    assert answer() == EXPECTED\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/other.py",
+        "def answer():\n    return 42\n",
+        "[XPU] Fix the answer",
+        Tests=answer,
+    )
+    limit = _write_test(
+        verified,
+        "test_limit.py",
+        "from sglang.srt.third import LIMIT\n\n"
+        "def test_limit():\n    assert LIMIT == 20\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/third.py", "LIMIT = 20\n", "[XPU] Raise LIMIT", Tests=limit
+    )
+    return verified
+
+
+@pytest.fixture
+def recorded(tested: Project, monkeypatch: pytest.MonkeyPatch) -> Project:
+    """The three patches and a record of their full proofs."""
+    # Off CI, and a known sample: one unchanged patch per run.
+    monkeypatch.delenv("CI", raising=False)
+    monkeypatch.delenv("XPU_SERIES_PROVE_ALL", raising=False)
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "1")
+    done = tested.run("verify", "--record")
+    assert done.code == 0, done.out + done.err
+    assert "recorded 3 patch(es) in patches/proofs.json" in done.err
+    return tested
+
+
+def _sources(project: Project, *args: str) -> tuple[int, dict[str, str], str]:
+    result = project.run("verify", "--json", *args)
+    data = json.loads(result.out)
+    return (
+        result.code,
+        {p["name"][:4]: p["source"] for p in data["patches"]},
+        result.err,
+    )
+
+
+def test_an_unchanged_series_is_spot_checked_by_a_seeded_sample(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    record = json.loads((recorded.patches / "proofs.json").read_text())
+    assert sorted(record["patches"]) == [
+        "0001-raise-value.patch", "0002-fix-the-answer.patch",
+        "0003-raise-limit.patch",
+    ]  # fmt: skip
+    kept = record["patches"]["0001-raise-value.patch"]["verify"]["result"]
+    assert kept["verdict"] == "proven" and kept["without"]["failed"] == 1
+    chosen = []
+    for seed in ("1", "2", "3", "4", "5", "6"):
+        monkeypatch.setenv("XPU_SERIES_PROOF_SEED", seed)
+        code, sources, err = _sources(recorded)
+        assert code == 0, err
+        # One re-proven, the others stand on their record; the seed is told.
+        assert sorted(sources.values()) == ["re-proven", "record", "record"]
+        again = [n for n, s in sources.items() if s == "re-proven"]
+        assert f"re-proving {again[0]} of 3 unchanged (seed {seed}; " in err
+        assert f"XPU_SERIES_PROOF_SEED={seed} repeats the choice" in err
+        # The same seed, the same choice.
+        assert _sources(recorded)[1] == sources
+        chosen += again
+    # Over a few runs the sample is not always the same patch.
+    assert len(set(chosen)) > 1
+    # --all (or XPU_SERIES_PROVE_ALL=1, what the weekly workflow sets) re-proves
+    # every patch, and each agrees with its record.
+    code, sources, _err = _sources(recorded, "--all")
+    assert code == 0 and set(sources.values()) == {"re-proven"}
+    monkeypatch.setenv("XPU_SERIES_PROVE_ALL", "1")
+    assert set(_sources(recorded)[1].values()) == {"re-proven"}
+
+
+def test_a_re_proof_that_disagrees_with_its_record_fails_the_run(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = recorded.patches / "proofs.json"
+    record = json.loads(path.read_text())
+    # The record says two tests failed without 0003; they measure one.
+    kept = record["patches"]["0003-raise-limit.patch"]["verify"]["result"]
+    kept["without"]["failed"] = 2
+    path.write_text(json.dumps(record))
+    # A sample that misses it trusts the record as it is: that is the deal.
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    code, sources, _err = _sources(recorded)
+    assert code == 0 and sources["0003"] == "record"
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "1")
+    # A run whose sample meets it fails, and says what differs.
+    for seed in range(1, 40):
+        monkeypatch.setenv("XPU_SERIES_PROOF_SEED", str(seed))
+        code, sources, err = _sources(recorded)
+        if sources["0003"] == "re-proven":
+            break
+    assert code == 1
+    assert (
+        "error: 0003-raise-limit.patch: the re-proof disagrees with its record: "
+        "recorded proven (without: 0 passed, 2 failed; with: 1 passed, 0 failed), "
+        "now proven (without: 0 passed, 1 failed; with: 1 passed, 0 failed)"
+    ) in err
+    assert "'xpu-series verify --all --record' writes the record anew" in err
+    # The hint, followed: the record is written anew, and the runs agree again.
+    assert recorded.run("verify", "--all", "--record").code == 0
+    assert recorded.run("verify", "--all").code == 0
+
+
+def test_a_stale_record_is_proven_in_full_and_fails_in_ci(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    helper = recorded.root / "test" / "helpers" / "limits.py"
+    helper.write_text("EXPECTED = 42  # the answer\n")
+    code, sources, err = _sources(recorded)
+    # Only the patch whose tests import the helper is proven again.
+    assert code == 0, err
+    assert sources == {"0001": "record", "0002": "ran", "0003": "record"}
+    assert "proving 0002 (changed: tests)" in err
+    assert "note: the record of 1 patch(es) is stale or missing" in err
+    # In CI a stale record is an error, with the way out.
+    monkeypatch.setenv("CI", "true")
+    result = recorded.run("verify")
+    assert result.code == 1
+    assert (
+        "error: the record of 1 patch(es) is stale or missing, so they were "
+        "proven in full: 0002-fix-the-answer.patch (changed: tests)" in result.err
+    )
+    assert (
+        "hint: run 'xpu-series verify --record' and 'xpu-series verify --mutants "
+        "--record', then commit patches/proofs.json" in result.err
+    )
+    # The hint, followed.
+    assert recorded.run("verify", "--record").code == 0
+    assert recorded.run("verify", "--mutants", "--record").code == 0
+    assert recorded.run("verify").code == 0
+    assert recorded.run("verify", "--mutants").code == 0
+
+
+def test_mutants_stand_on_their_record_until_a_re_proof_disagrees(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = recorded.run("verify", "--mutants", "--record", "--json")
+    assert first.code == 0, first.err
+    assert "recorded 3 patch(es)" in first.err
+    made = {p["name"][:4]: p["made"] for p in json.loads(first.out)["patches"]}
+    # No sample: every patch answers from its record, and no mutant runs.
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    again = recorded.run("verify", "--mutants", "--json")
+    data = {p["name"][:4]: p for p in json.loads(again.out)["patches"]}
+    assert again.code == 0, again.err
+    assert {p["source"] for p in data.values()} == {"record"}
+    assert {n: p["made"] for n, p in data.items()} == made
+    assert f"0001-raise-value.patch: {made['0001']} mutants, from the record" in (
+        again.err
+    )
+    # A record that says a mutant survived, where it is killed: a re-proof of
+    # every patch finds it out.
+    path = recorded.patches / "proofs.json"
+    record = json.loads(path.read_text())
+    kept = record["patches"]["0001-raise-value.patch"]["mutants"]["result"]
+    kept["survived"] = [{"id": "0123456789", "diff": "x", "operator": "y"}]
+    path.write_text(json.dumps(record))
+    monkeypatch.setenv("XPU_SERIES_PROVE_ALL", "1")
+    checked = recorded.run("verify", "--mutants")
+    assert checked.code == 1
+    assert (
+        "0001-raise-value.patch: the re-proof disagrees with its record: killed "
+        "now: 0123456789" in checked.err
+    )
+
+
+def _inputs(project: Project) -> dict[str, dict[str, str]]:
+    from xpu_series.project import find_project
+    from xpu_series.proofs.record import patch_inputs
+    from xpu_series.proofs.series_proof import series_prefixes
+
+    prefixes = series_prefixes(find_project(project.root))
+    facts = prefixes.facts()
+    return {
+        name[:4]: dict(patch_inputs(facts, k).digests)
+        for k, name in enumerate(prefixes.names, start=1)
+    }
+
+
+def _edit(path: Path, old: str, new: str) -> None:
+    path.write_text(path.read_text().replace(old, new, 1))
+
+
+# Each kind of input a proof depends on, changed: which patches' keys change,
+# and which kind each names.
+INPUTS = {
+    "the patch": (
+        lambda p, mp: _edit(
+            p.patches / "0002-fix-the-answer.patch", "Why this change", "Why, then,"
+        ),
+        {"0002": ["patch"], "0003": ["below"]},
+    ),
+    "a test file": (
+        lambda p, mp: _edit(p.root / "test" / "test_limit.py", "== 20", "== 20.0"),
+        {"0003": ["tests"]},
+    ),
+    "a module the tests import from test/": (
+        lambda p, mp: _edit(p.root / "test" / "helpers" / "limits.py", "42", "0x2a"),
+        {"0002": ["tests"]},
+    ),
+    "a conftest.py": (
+        lambda p, mp: (p.root / "test" / "conftest.py").write_text("X = 1\n"),
+        {"0001": ["tests"], "0002": ["tests"], "0003": ["tests"]},
+    ),
+    "the pin (and the wheel's sha256)": (
+        lambda p, mp: _edit(p.patches / "upstream.toml", "[layout]", "# x\n[layout]"),
+        {n: ["pin"] for n in ("0001", "0002", "0003")},
+    ),
+    "an accepted mutant": (
+        lambda p, mp: (p.root / "test" / "accepted_mutants.toml").write_text(
+            '[[mutant]]\npatch = "0003-raise-limit.patch"\nid = "abc"\n'
+            'reason = "equivalent"\n'
+        ),
+        {"0003": ["accepted-mutants"]},
+    ),
+    "the proof code": (
+        lambda p, mp: _extra_proof_code(p, mp),
+        {n: ["proof-code"] for n in ("0001", "0002", "0003")},
+    ),
+    "the tool's version": (
+        lambda p, mp: mp.setattr("xpu_series.__version__", "9.9.9"),
+        {n: ["tool"] for n in ("0001", "0002", "0003")},
+    ),
+    "a pinned test dependency": (
+        lambda p, mp: _edit(p.root / "pyproject.toml", "pytest==9.2.0", "pytest==9"),
+        {n: ["environment"] for n in ("0001", "0002", "0003")},
+    ),
+    "lint settings (no input)": (
+        lambda p, mp: _edit(p.root / "pyproject.toml", "= 88", "= 100"),
+        {},
+    ),
+}
+
+
+def _extra_proof_code(project: Project, monkeypatch: pytest.MonkeyPatch) -> None:
+    from xpu_series.proofs import record
+
+    extra = project.root / "proof_code.py"
+    extra.write_text("# one more line of proof code\n")
+    real = record.proof_code()
+    monkeypatch.setattr(record, "proof_code", lambda: [*real, extra])
+
+
+@pytest.mark.parametrize("what", list(INPUTS))
+def test_changing_any_input_invalidates_the_record(
+    tested: Project, monkeypatch: pytest.MonkeyPatch, what: str
+) -> None:
+    recorded = tested
+    (recorded.root / "pyproject.toml").write_text(
+        '[project]\nname = "p"\noptional-dependencies = {test = ["pytest==9.2.0"]}'
+        "\n\n[tool.ruff]\nline-length = 88\n"
+    )
+    before = _inputs(recorded)
+    change, expected = INPUTS[what]
+    change(recorded, monkeypatch)
+    after = _inputs(recorded)
+    changed = {
+        name: sorted(k for k in after[name] if after[name][k] != before[name][k])
+        for name in after
+    }
+    assert {n: kinds for n, kinds in changed.items() if kinds} == expected
+
+
+def test_a_proof_whose_inputs_change_while_it_runs_is_not_recorded(
+    verified: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test rewrites a helper its own test file imports: the record would be
+    # keyed by content the proof never saw.
+    helper = verified.root / "test" / "helpers" / "stamp.py"
+    helper.parent.mkdir(parents=True)
+    helper.write_text("RUNS = 0\n")
+    moving = _write_test(
+        verified,
+        "test_moving.py",
+        "import sys\nfrom pathlib import Path\n\n"
+        "HELPER = Path(__file__).parent / 'helpers' / 'stamp.py'\n"
+        "sys.path.insert(0, str(HELPER.parent))\n"
+        "import stamp  # noqa: E402\n"
+        "from sglang.srt.other import answer  # noqa: E402\n\n"
+        "def test_answer():\n"
+        "    HELPER.write_text(f'RUNS = {stamp.RUNS + 1}\\n')\n"
+        "    assert answer() == 42\n",
+    )
+    verified.add_patch(
+        "python/sglang/srt/other.py",
+        "def answer():\n    return 42\n",
+        "[XPU] Fix the answer",
+        Tests=moving,
+    )
+    monkeypatch.delenv("CI", raising=False)
+    result = verified.run("verify", "--record")
+    assert result.code == 0, result.err
+    assert "recorded 1 patch(es) in patches/proofs.json: 0001" in result.err
+    assert (
+        "note: not recorded, their inputs changed while the run went on: "
+        "0002-fix-the-answer.patch" in result.err
+    )
+    assert "hint: run 'xpu-series verify --record' again" in result.err
+    record = json.loads((verified.patches / "proofs.json").read_text())
+    assert list(record["patches"]) == ["0001-raise-value.patch"]
+
+
+def test_a_mutant_stopped_by_its_time_limit_is_left_out_of_the_comparison() -> None:
+    from xpu_series.proofs.mutants import Mutant, PatchMutants
+
+    made = [Mutant("a.py", "op", 1, "x = 1", f"x = {n}", f"x = {n}\n") for n in (2, 3)]
+    first, second = (m.id for m in made)
+    row = {"id": first, "diff": "a.py:1: -x = 1 +x = 2", "operator": "op"}
+    recorded = {"made": 2, "survived": [row], "timed_out": []}
+
+    def now(outcomes: dict[str, str]) -> str:
+        return PatchMutants("p", ("t",), made, outcomes, {}).disagreement(recorded)
+
+    assert now({first: "survived", second: "killed"}) == ""
+    # A kill where the record has a survivor, and the other way round.
+    assert now({first: "killed", second: "killed"}) == f"killed now: {first}"
+    assert now({first: "survived", second: "survived"}) == f"survived now: {second}"
+    # Stopped by its time limit now (a kill that a loaded machine can make).
+    assert now({first: "timeout", second: "killed"}) == ""
+    # ... or when the record was made.
+    recorded["timed_out"] = [second]
+    assert now({first: "survived", second: "survived"}) == ""
+    assert now({first: "survived"}) == ""
+    recorded["made"] = 3
+    assert (
+        now({first: "survived", second: "killed"}) == "3 mutants recorded, 2 made now"
+    )
+
+
+def test_a_patch_added_on_top_while_the_run_goes_on_keeps_the_proofs_below(
+    verified: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The test adds a patch on top of the series as it runs (someone refreshing
+    # a new patch meanwhile): nothing the proofs below read has changed.
+    series = verified.patches / "series"
+    first = verified.patches / "0001-raise-value.patch"
+    _write_test(
+        verified,
+        "test_value.py",
+        "from pathlib import Path\nfrom sglang.srt.flags import VALUE\n\n"
+        "def test_value():\n"
+        f"    new = Path({str(verified.patches)!r}) / '0002-on-top.patch'\n"
+        f"    new.write_text(Path({str(first)!r}).read_text())\n"
+        f"    series = Path({str(series)!r})\n"
+        "    if '0002-on-top.patch' not in series.read_text():\n"
+        "        series.write_text(series.read_text() + '0002-on-top.patch\\n')\n"
+        "    assert VALUE == 2\n",
+    )
+    monkeypatch.delenv("CI", raising=False)
+    result = verified.run("verify", "--record")
+    assert result.code == 0, result.err
+    assert "recorded 1 patch(es) in patches/proofs.json: 0001" in result.err
+    assert "not recorded" not in result.err
