@@ -396,12 +396,12 @@ def test_a_patch_added_on_top_while_the_run_goes_on_keeps_the_proofs_below(
         "test_value.py",
         "from pathlib import Path\nfrom sglang.srt.flags import VALUE\n\n"
         "def test_value():\n"
+        "    assert VALUE == 2\n"
+        # Only the run with the patch: the two runs go side by side.
         f"    new = Path({str(verified.patches)!r}) / '0002-on-top.patch'\n"
         f"    new.write_text(Path({str(first)!r}).read_text())\n"
         f"    series = Path({str(series)!r})\n"
-        "    if '0002-on-top.patch' not in series.read_text():\n"
-        "        series.write_text(series.read_text() + '0002-on-top.patch\\n')\n"
-        "    assert VALUE == 2\n",
+        "    series.write_text(series.read_text() + '0002-on-top.patch\\n')\n",
     )
     monkeypatch.delenv("CI", raising=False)
     result = verified.run("verify", "--record")
