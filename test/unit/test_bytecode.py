@@ -13,7 +13,7 @@ from pathlib import Path
 from conftest import Project, git
 
 from xpu_series.git import Git
-from xpu_series.proofs import bytecode
+from xpu_series.stack import bytecode
 
 MODULES = {
     "python/pkg/__init__.py": "",
