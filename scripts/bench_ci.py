@@ -185,8 +185,10 @@ def _clone(head: str, dirty: bool, label: str, extra: Path | None) -> Path:
             (clone / name).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(ROOT / name, clone / name)
     if extra is not None:
-        subprocess.run(["git", "-C", str(clone), "apply", str(extra.resolve())],
-                       check=True)  # fmt: skip
+        applied = subprocess.run(["git", "-C", str(clone), "apply",
+                                  str(extra.resolve())], check=False)  # fmt: skip
+        if applied.returncode:
+            raise SystemExit(f"error: {extra} does not apply in {clone}")
     return clone
 
 
@@ -208,7 +210,9 @@ def _ci(
         raise SystemExit(f"error: {' '.join(command)} failed in {clone} (see {log})")
     print(f"  {' '.join(command)} in {clone}: {time.monotonic() - start:.0f} s",
           flush=True)  # fmt: skip
-    path = clone / STEPS
+    # Kept beside the log: the next run in this clone writes its own.
+    path = log.with_suffix(".steps.json")
+    shutil.copyfile(clone / STEPS, path)
     return (
         load_steps(path, failed_ok=keep_going),
         load_steps(path, "cpu_s", keep_going),

@@ -76,7 +76,7 @@ mkdir -p build/reports
   echo "note: sglang 0.5.19 cannot be fetched: its audit test skips"
 .venv/bin/python -m pytest -q -p no:cacheprovider -rs test/unit/test_audit_releases.py
 .venv/bin/xpu-series audit --pristine --markdown >build/reports/audit-pristine.md
-.venv/bin/xpu-series audit --pristine | tail -5
+.venv/bin/xpu-series audit --pristine | head -25
 .venv/bin/xpu-series audit --check --sarif build/reports/audit.sarif
 .venv/bin/xpu-series audit --markdown >build/reports/audit.md
 """
@@ -166,17 +166,24 @@ STEPS: tuple[Step, ...] = (
          "overlay: the fork installed into a real pip install of each served release "
          "(docker/install-fork.sh)",
          (PY, "scripts/check_overlay.py"), "serve"),
+    Step("wheel",
+         "wheel: the patched sglang as a pip wheel (built twice, byte-identical), "
+         "installed in a fresh venv and over the stock release, the patches' fast "
+         "tests on the install, uninstall leaves nothing",
+         (PY, "scripts/check_wheel.py"), "serve"),
     Step("replay",
          "replay the last move (patches/moves/, patches/resolutions/) from git "
          "history: byte for byte",
          (PY, "scripts/replay_move.py"), "proof"),
     Step("image",
          "image: docker/Dockerfile built with buildah as xpu-serve --fork builds it, "
-         "on a stand-in for the official XPU image (pin and oldest served release); "
+         "on a stand-in for the official XPU image (overlay: pin and oldest served "
+         "release; wheel: the pin); "
          "a broken base must fail it",
          (PY, "scripts/check_image.py"), "serve"),
     Step("upstream-check",
-         "upstream --check: each carried patch exports as an upstream pull request "
+         "upstream --check: each carried patch and declared bundle exports as an "
+         "upstream pull request "
          "that fails without it, passes with it, registers and lints clean",
          # One invocation: one test interpreter for every patch (torch and
          # sglang's imports load once, not twice per patch).

@@ -408,3 +408,25 @@ def test_a_patch_added_on_top_while_the_run_goes_on_keeps_the_proofs_below(
     assert result.code == 0, result.err
     assert "recorded 1 patch(es) in patches/proofs.json: 0001" in result.err
     assert "not recorded" not in result.err
+
+
+def test_the_matrix_reads_the_pins_cells_from_verifys_record(
+    recorded: Project,
+) -> None:
+    result = recorded.run("matrix", "0.0.1", "--behaviour", "--json")
+    assert result.code == 0, result.err
+    assert "0 test runs to make (3 patches from verify's record)" in result.err
+    rows = {p["name"][:4]: p for p in json.loads(result.out)["patches"]}
+    assert {n: r["behaviour"]["0.0.1"] for n, r in rows.items()} == {
+        "0001": "needed", "0002": "needed", "0003": "needed",
+    }  # fmt: skip
+    assert rows["0003"]["detail"]["0.0.1"] == (
+        "without: 0 passed, 1 failed; with: 1 passed, 0 failed (verify's record)"
+    )
+    # A stale record is no measurement: that patch's tests run again.
+    _edit(recorded.root / "test" / "test_limit.py", "== 20", "in (20, 21)")
+    again = recorded.run("matrix", "0.0.1", "--behaviour", "--json")
+    assert "2 test runs to make (2 patches from verify's record)" in again.err
+    rows = {p["name"][:4]: p for p in json.loads(again.out)["patches"]}
+    assert rows["0003"]["behaviour"]["0.0.1"] == "needed"
+    assert "record" not in rows["0003"]["detail"]["0.0.1"]

@@ -26,6 +26,8 @@ from xpu_series.git import Git
 from xpu_series.lock import tree_lock
 from xpu_series.project import Project
 from xpu_series.proofs.proof import Counts, PrefixRunner, Run, count
+from xpu_series.proofs.record import load_record, patch_inputs
+from xpu_series.proofs.series_proof import SeriesPrefixes
 from xpu_series.result import TESTS_NEED_PORTING, ExitCode, PatchStatus, Report
 from xpu_series.stack import engine
 from xpu_series.stack.build import remember, reusable, run_check, scratch_key
@@ -234,19 +236,25 @@ class _Plan:
     before: list[str]
     tests: list[tuple[str, ...]]
     work: dict[str, list[str]]
+    # Patch index -> (without, with) from verify's record (the pin only).
+    recorded: dict[int, tuple[Counts, Counts]] = field(default_factory=dict)
 
 
-def _plan(project: Project, version: str, wheel: Path | None) -> _Plan:
-    """The series on `version` as far as it goes, and the runs its patches owe."""
+def _plan(project: Project, version: str, wheel: Path | None, report: Report) -> _Plan:
+    """The series on `version` as far as it goes, and the runs its patches owe
+    (on the pin, none for a patch whose verify record holds for these trees)."""
     git, steps, base = _best_effort_tree(project, version, wheel)
     series = project.series(version, every_retired=True).patches
     # Fast-Tests where a patch names them: the real-server ones would start
     # servers twice per patch per release.
     tests = [tuple(p.header.fast_tests) for p in series]
     before = [base] + [commit for _status, commit in steps[:-1]]
+    recorded: dict[int, tuple[Counts, Counts]] = {}
+    if version == project.pin.version:
+        recorded = _recorded_pin(project, git, report, series, steps, before)
     work: dict[str, list[str]] = {}
     for k, spec in enumerate(tests):
-        if not spec:
+        if not spec or k in recorded:
             continue
         status, after = steps[k]
         commits = [before[k]]
@@ -255,7 +263,40 @@ def _plan(project: Project, version: str, wheel: Path | None) -> _Plan:
         for commit in commits:
             wanted = work.setdefault(commit, [])
             wanted += [t for t in spec if t not in wanted]
-    return _Plan(version, git, series, steps, before, tests, work)
+    return _Plan(version, git, series, steps, before, tests, work, recorded)
+
+
+def _recorded_pin(
+    project: Project,
+    git: Git,
+    report: Report,
+    series: tuple[Patch, ...],
+    steps: list[tuple[str, str]],
+    before: list[str],
+) -> dict[int, tuple[Counts, Counts]]:
+    """The pin's carried patches whose verify record holds for the trees this
+    tree has for them (same key: same trees, tests, proof code, environment):
+    their cells are verify's measurement, and their runs are not made again.
+    A patch with no record, or a stale one, is measured as on any release."""
+    recorded = load_record(project.patches_dir, "verify")
+    carried = [k for k, p in enumerate(series) if not p.retired]
+    if not recorded or any(steps[k][0] != PatchStatus.APPLIED for k in carried):
+        return {}
+    names = [series[k].name for k in carried]
+    commits = [before[carried[0]], *(steps[k][1] for k in carried)]
+    tests = [tuple(series[k].header.tests) for k in carried]
+    prefixes = SeriesPrefixes(
+        project, report, git, git.repo.parent, names, commits, tests
+    )
+    facts = prefixes.facts()
+    out: dict[int, tuple[Counts, Counts]] = {}
+    for i, k in enumerate(carried, start=1):
+        kept = recorded.get(names[i - 1])
+        if kept is None or kept.key != patch_inputs(facts, i).key:
+            continue
+        result = kept.result
+        out[k] = (Counts(**result["without"]), Counts(**result["with"]))
+    return out
 
 
 def _label(version: str, commit: str) -> str:
@@ -321,14 +362,19 @@ def _measure(
             status, after = plan.steps[k]
             if row.text.get(version, "-") == "-":
                 row.text[version] = status  # a retired patch: check leaves it out
-            without = count(mine.get(plan.before[k], {}), spec)
             applied = status in (PatchStatus.APPLIED, PatchStatus.MERGED)
-            with_patch = count(mine.get(after, {}), spec) if applied else None
+            if k in plan.recorded:
+                without, with_patch = plan.recorded[k]
+            else:
+                without = count(mine.get(plan.before[k], {}), spec)
+                with_patch = count(mine.get(after, {}), spec) if applied else None
             verdict = classify(without, with_patch, status, bool(spec))
             row.behaviour[version] = verdict
             detail = f"without: {without}" + (
                 f"; with: {with_patch}" if applied else ""
             )
+            if k in plan.recorded:
+                detail += " (verify's record)"
             row.detail[version] = detail if spec else ""
             if verdict == ERROR:
                 label = _label(version, plan.before[k])
@@ -432,8 +478,10 @@ def run_matrix(
             row.text[version] = statuses.get(row.name, "-")
         runs = ""
         if behaviour and not report.problems:
-            plans.append(_plan(project, version, by_version.get(version)))
+            plans.append(_plan(project, version, by_version.get(version), report))
             runs = f", {len(plans[-1].work)} test runs to make"
+            if plans[-1].recorded:
+                runs += f" ({len(plans[-1].recorded)} patches from verify's record)"
         if say is not None:
             applied = sum(p.status == PatchStatus.APPLIED for p in report.patches)
             say(
