@@ -11,8 +11,11 @@ image has, in the release whose python3 runs the pinned cp311 wheels: bookworm's
 the oldest served release (which goes through patches/overlay/<V>.diff), buildah
 builds docker/Dockerfile with the build arguments `scripts/xpu-serve --fork`
 passes (FORK_INSTALL's default, overlay), and for the pin also with
-FORK_INSTALL=wheel (the fork wheel built in the build and pip-installed), and
-each image is checked:
+FORK_INSTALL=wheel, and each image is checked. For the wheel mode the fork wheel
+for the stand-in's Python is built here first, into docker/wheels/ (as the
+Dockerfile's comment tells users; an older build of the same name is replaced),
+and the build installs it from there: a build has no package index to make it
+itself. Checked in each image:
 
 - `xpu-series overlay --status` inside it exits 0: every file intact (overlay),
   or no overlay at all (wheel);
@@ -61,6 +64,7 @@ from image_build import (  # noqa: E402
     tree_digest,
 )
 from xpu_series.errors import NetworkError  # noqa: E402
+from xpu_series.fork.wheel import WheelRequest, build_fork_wheel  # noqa: E402
 from xpu_series.project import Project  # noqa: E402
 from xpu_series.stack.wheel import FetchedWheel, fetch_wheel  # noqa: E402
 
@@ -68,6 +72,8 @@ from xpu_series.stack.wheel import FetchedWheel, fetch_wheel  # noqa: E402
 # the official image has it (sglang is cloned there), and the wheel mode's build
 # applies the series with it.
 ROOTFS = RootfsSpec("bookworm", ("python3", "python3-venv", "git"))
+STANDIN_TAG = "cp311"  # bookworm's python3
+WHEELS = ROOT / "docker" / "wheels"  # the build mounts it (FORK_INSTALL=wheel)
 VENV = "/opt/venv"
 PATH = f"{VENV}/bin:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 LAUNCHER = "/usr/local/bin/xpu-series"  # docker/Dockerfile: install-fork.sh --bin
@@ -76,6 +82,7 @@ CONTEXT = (
     "docker/Dockerfile",
     ".dockerignore",
     "docker/install-fork.sh",
+    "docker/wheels",
     "patches",
     "python/xpu_series",
 )
@@ -473,6 +480,9 @@ class Run:
             self.say(f"{release}: skipped: {exc.message}")
             return []
         base = self.base(release, wheel, python)
+        if "wheel" in modes:
+            # Before any build: the context (and so every image's key) holds it.
+            self.fork_wheel(release)
         problems = []
         for mode in modes:
             found = self.mode(release, base, mode, broken and mode == MODES[0])
@@ -480,6 +490,18 @@ class Run:
         verdict = "ok" if not problems else "FAILED"
         self.say(f"{release}: {verdict} in {time.monotonic() - start:.1f}s")
         return problems
+
+    def fork_wheel(self, release: str) -> None:
+        """The fork wheel FORK_INSTALL=wheel installs, built as a user builds
+        it: `xpu-series wheel --python-tag <the stand-in's> --out docker/wheels`."""
+        start = time.monotonic()
+        request = WheelRequest(out=WHEELS, version=release, tag=STANDIN_TAG, force=True)
+        built = build_fork_wheel(self.project, request)
+        how = "unchanged" if built.state == "unchanged" else "built"
+        self.say(
+            f"{release} wheel: {built.path.relative_to(ROOT)} {how} in "
+            f"{time.monotonic() - start:.1f}s (sha256 {built.sha256[:12]}...)"
+        )
 
     def mode(self, release: str, base: str, mode: str, broken: bool) -> list[str]:
         image, docker, head, tag = self.fork(release, base, mode)

@@ -11,7 +11,11 @@
 - `pip uninstall -y sglang` leaves no file of it behind;
 - the official image's order: `pip install --no-deps` of the stock release, then
   the fork over it (the label and the tree's files again), then `pip uninstall`
-  and `pip install --no-deps` of the stock release: every file as stock had it.
+  and `pip install --no-deps` of the stock release;
+- the image's wheel mode on that stock install: `docker/install-fork.sh --mode
+  wheel --wheels DIR`, DIR holding the wheel beside one of another series' label,
+  installs the series' prebuilt wheel (the tree's files again), builds nothing;
+  then `pip uninstall` and the stock release again: every file as stock had it.
 
 Prints a line per step with its time; exits non-zero on the first failure.
 """
@@ -134,6 +138,26 @@ def check_is_the_tree(venv: Venv, built: dict, expected: dict[str, str]) -> str:
     return f"{len(got)} files are the tree's ({len(built['files'])} patched)"
 
 
+def install_fork_prebuilt(venv: Venv, wheel: Path, folder: Path) -> str:
+    """docker/install-fork.sh's wheel mode, as the image runs it, with `wheel` in
+    `folder` beside a decoy of another series' label: it must take `wheel`."""
+    folder.mkdir()
+    shutil.copy(wheel, folder / wheel.name)
+    release, label = wheel.name.split("-")[1].split("+")
+    decoy = wheel.name.replace(f"+{label}-", "+xpu.s000000000000-")
+    shutil.copy(wheel, folder / decoy)
+    script = ROOT / "docker" / "install-fork.sh"
+    cmd = ["bash", str(script), "--mode", "wheel", "--python", venv.python,
+           "--wheels", str(folder)]  # fmt: skip
+    out = run(cmd).stdout
+    said = f"installing the prebuilt fork wheel {wheel.name}"
+    if said not in out or "building it" in out:
+        raise Failed(f"install-fork.sh did not take the prebuilt wheel:\n{out}")
+    if venv.version() != f"{release}+{label}":
+        raise Failed(f"install-fork.sh installed sglang {venv.version()}")
+    return f"took {wheel.name}, not the decoy"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", default="python3.11", help="the venv's Python")
@@ -184,6 +208,11 @@ def main() -> int:
             raise Failed(f"the stock release installed as {venv.version()}")
         venv.pip("install", "--no-deps", wheel)
         step(f"over a stock install: {check_is_the_tree(venv, first, expected)}")
+        venv.pip("uninstall", "-y", "sglang")
+        venv.pip("install", "--no-deps", stock)
+        said = install_fork_prebuilt(venv, Path(wheel), work / "prebuilt")
+        said += "; " + check_is_the_tree(venv, first, expected)
+        step(f"install-fork.sh --mode wheel: {said}")
         venv.pip("uninstall", "-y", "sglang")
         venv.pip("install", "--no-deps", stock)
         changed = differences(plain, snapshot(venv.site))

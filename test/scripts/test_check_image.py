@@ -144,6 +144,49 @@ def test_judge_names_each_way_an_image_falls_short(ci, fault: str) -> None:
     assert len(problems) == 1 and fault in problems[0], problems
 
 
+def test_a_wheel_image_must_carry_no_overlay(ci) -> None:
+    expected, config, facts = good_image(ci, PIN["version"])
+    # An overlay found in a FORK_INSTALL=wheel image is a fault there...
+    problems = ci.judge(expected, config, facts, "wheel")
+    assert len(problems) == 1 and "FORK_INSTALL=wheel writes none" in problems[0]
+    # ... and overlay --status with no provenance is what a wheel image shows.
+    _status_with(facts, provenance=None, files=[])
+    assert ci.judge(expected, config, facts, "wheel") == []
+    assert any("not every file intact" in p for p in ci.judge(expected, config, facts))
+
+
+def plugin_facts(sha: str, said: str, found: str = "1", code: int = 0) -> dict:
+    return {
+        "series_record": json.dumps({"series_sha256": sha}),
+        "plugin": {"code": code, "out": f"{found}\n", "err": said},
+    }
+
+
+def test_judge_plugin_wants_one_line_naming_the_series(ci) -> None:
+    expected, _config, _facts = good_image(ci, PIN["version"])
+    sha = expected["io.sglang-xpu.series.sha256"]
+    line = f"[t] sglang-xpu: series s{sha[:12]} (20 patches) on sglang x\n"
+    assert ci.judge_plugin(expected, plugin_facts(sha, line)) == []
+    faults = {
+        "names series": plugin_facts("0" * 64, line),
+        ": 0 found": plugin_facts(sha, line, found="0"),
+        "exit 1": plugin_facts(sha, line, code=1),
+        "not one line": plugin_facts(sha, line + line.replace("series", "warning")),
+        "naming series": plugin_facts(sha, line.replace(sha[:12], "0" * 12)),
+    }
+    for words, facts in faults.items():
+        problems = ci.judge_plugin(expected, facts)
+        assert len(problems) == 1 and words in problems[0], (words, problems)
+
+
+def test_the_wheel_mode_build_reads_the_wheels_folder(ci) -> None:
+    # The build mounts docker/wheels; it is in the context and in the key.
+    dockerfile = (ROOT / "docker" / "Dockerfile").read_text()
+    assert "source=docker/wheels" in dockerfile and "--wheels" in dockerfile
+    assert "!docker/wheels" in (ROOT / ".dockerignore").read_text().splitlines()
+    assert "docker/wheels" in ci.CONTEXT and ci.WHEELS == ROOT / "docker" / "wheels"
+
+
 def test_tree_digest_follows_content_not_bytecode(ci, tmp_path: Path) -> None:
     (tmp_path / "pkg" / "__pycache__").mkdir(parents=True)
     (tmp_path / "pkg" / "a.py").write_text("x = 1\n")
