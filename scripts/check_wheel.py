@@ -11,11 +11,11 @@
 - `pip uninstall -y sglang` leaves no file of it behind;
 - the official image's order: `pip install --no-deps` of the stock release, then
   the fork over it (the label and the tree's files again), then `pip uninstall`
-  and `pip install --no-deps` of the stock release;
-- the image's wheel mode on that stock install: `docker/install-fork.sh --mode
-  wheel --wheels DIR`, DIR holding the wheel beside one of another series' label,
-  installs the series' prebuilt wheel (the tree's files again), builds nothing;
-  then `pip uninstall` and the stock release again: every file as stock had it.
+  and `pip install --no-deps` of the stock release: every file as stock had it.
+  The fork goes over stock as the image's wheel mode puts it there:
+  `docker/install-fork.sh --mode wheel --wheels DIR`, DIR holding the wheel
+  beside one of another series' label, must install the series' wheel and build
+  nothing.
 
 Prints a line per step with its time; exits non-zero on the first failure.
 """
@@ -206,13 +206,11 @@ def main() -> int:
         plain = snapshot(venv.site)
         if venv.version() != first["release"]:
             raise Failed(f"the stock release installed as {venv.version()}")
-        venv.pip("install", "--no-deps", wheel)
-        step(f"over a stock install: {check_is_the_tree(venv, first, expected)}")
-        venv.pip("uninstall", "-y", "sglang")
-        venv.pip("install", "--no-deps", stock)
+        # Over the stock release as the image's wheel mode puts it there: its
+        # pip install --no-deps, from a folder with a decoy beside the wheel.
         said = install_fork_prebuilt(venv, Path(wheel), work / "prebuilt")
         said += "; " + check_is_the_tree(venv, first, expected)
-        step(f"install-fork.sh --mode wheel: {said}")
+        step(f"over a stock install, by install-fork.sh --mode wheel: {said}")
         venv.pip("uninstall", "-y", "sglang")
         venv.pip("install", "--no-deps", stock)
         changed = differences(plain, snapshot(venv.site))

@@ -182,9 +182,8 @@ def test_behavioural_matrix_says_which_release_still_needs_each_patch(
     assert re.search(
         r"^matrix 0\.0\.2 [0-9a-f]{12}: .* passed in \d+s", result.err, re.M
     )
-    assert re.search(
-        r"^matrix 0\.0\.2: 2/3 patches apply, \d test runs", result.err, re.M
-    )
+    assert re.search(r"^matrix 0\.0\.2: 2/3 patches apply in \d+s", result.err, re.M)
+    assert re.search(r"^matrix 0\.0\.2: \d test runs to make$", result.err, re.M)
     data = json.loads(result.out)
     assert data["versions"] == ["0.0.1", "0.0.2"]
     rows = {p["name"]: p for p in data["patches"]}
@@ -305,3 +304,85 @@ def test_the_matrix_reads_its_fast_tests_off_what_verify_ran_on_the_same_tree(
     )
     again = project.run("matrix", "0.0.1", "--behaviour", "--json")
     assert "2 test runs (0 from the cache)" in again.err
+
+
+def _hinted_command(err: str) -> list[str]:
+    """The command a `hint: run '...'` line names, without the program name."""
+    (line,) = [x for x in err.splitlines() if x.startswith("hint: run '")]
+    return line.split("'")[1].split()[1:]
+
+
+def test_the_matrix_record_stands_for_unchanged_cells_of_served_releases(
+    project: Project, tmp_path, monkeypatch
+) -> None:
+    _three_patches_and_a_newer_release(project, tmp_path)
+    local_index(tmp_path / "index", monkeypatch, ("0.0.0", "0.0.1"))
+    pin = project.root / "patches" / "upstream.toml"
+    pin.write_text(
+        pin.read_text().replace("[layout]", 'serves-from = "0.0.0"\n\n[layout]')
+    )
+    for name in ("CI", "XPU_SERIES_PROVE_ALL", "XPU_SERIES_PROOF_SAMPLE"):
+        monkeypatch.delenv(name, raising=False)
+    record = project.root / "patches" / "matrix-record.json"
+    args = ("matrix", "--behaviour", "--json")
+    first = project.run(*args)
+    assert first.code == 0, first.err
+    assert "matrix record:" not in first.err and not record.exists()
+    assert _verdicts(first)["0001-raise-value.patch"]["0.0.0"] == "needed"
+
+    written = project.run(*args, "--record")
+    assert written.code == 0 and f"matrix record: wrote {record}" in written.err
+    cells = json.loads(record.read_text())["releases"]
+    assert list(cells) == ["0.0.0"]  # the pin's column is verify's to record
+    assert sorted(cells["0.0.0"]) == sorted(_verdicts(first))
+    assert {"release", "status", "tests", "trees", "patch", "below"} <= set(
+        cells["0.0.0"]["0001-raise-value.patch"]["inputs"]
+    )
+
+    # A fresh clone (no outcome cached) with no sample: every 0.0.0 cell is the
+    # record's, none is run, and the verdicts are the measured ones.
+    shutil.rmtree(project.root / "build" / "cache" / "outcomes")
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    trusted = project.run(*args)
+    assert trusted.code == 0, trusted.err
+    assert (
+        "matrix record: 3 of 3 cells from patches/matrix-record.json; "
+        "re-measuring none" in trusted.err
+    )
+    assert re.search(
+        r"^matrix 0\.0\.0: 0 test runs to make \(3 patches from the matrix "
+        r"record\)$",
+        trusted.err,
+        re.M,
+    )
+    assert _verdicts(trusted) == _verdicts(first)
+    row = json.loads(trusted.out)["patches"][0]
+    assert row["detail"]["0.0.0"].endswith("(matrix record)")
+
+    # Every cell re-measured (the weekly run): one the record tells wrong fails.
+    kept = record.read_text()
+    bad = json.loads(kept)
+    bad["releases"]["0.0.0"]["0001-raise-value.patch"]["result"]["without"][
+        "failed"
+    ] = 0
+    record.write_text(json.dumps(bad))
+    monkeypatch.setenv("XPU_SERIES_PROVE_ALL", "1")
+    wrong = project.run(*args)
+    assert wrong.code == 1
+    assert "0.0.0: 0001-raise-value.patch: re-measured, its tests count" in wrong.err
+    monkeypatch.delenv("XPU_SERIES_PROVE_ALL")
+    record.write_text(kept)
+
+    # A changed test file: its cell is measured in full, and CI fails on the
+    # stale record until the command its hint names writes it again.
+    test_file = project.root / "test" / "test_value.py"
+    test_file.write_text(test_file.read_text() + "\n# changed\n")
+    monkeypatch.setenv("CI", "true")
+    stale = project.run(*args)
+    assert stale.code == 1
+    assert "0.0.0 0001-raise-value.patch (changed: tests)" in stale.err
+    assert "0.0.0 0002" not in stale.err
+    assert _verdicts(stale) == _verdicts(first)
+    followed = project.run(*_hinted_command(stale.err))
+    assert followed.code == 0, followed.err
+    assert project.run(*args).code == 0

@@ -430,3 +430,25 @@ def test_the_matrix_reads_the_pins_cells_from_verifys_record(
     rows = {p["name"][:4]: p for p in json.loads(again.out)["patches"]}
     assert rows["0003"]["behaviour"]["0.0.1"] == "needed"
     assert "record" not in rows["0003"]["detail"]["0.0.1"]
+
+
+def test_a_matrix_cell_is_keyed_by_its_release_and_status_too(tmp_path: Path) -> None:
+    from xpu_series.matrix.record import cell_inputs
+    from xpu_series.proofs import record
+
+    patch = tmp_path / "0001-a.patch"
+    patch.write_text("a patch\n")
+    (tmp_path / "upstream.toml").write_text("[upstream]\n")
+    facts = record.SeriesFacts(
+        root=tmp_path, names=[patch.name], files=[patch], tests=[()],
+        trees=["t0", "t1"], accepted={}, pin=tmp_path / "upstream.toml",
+    )  # fmt: skip
+    base = cell_inputs(facts, 1, "0.5.20", "applied")
+    proof = record.patch_inputs(facts, 1).digests
+    assert {k: base.digests[k] for k in proof} == dict(proof)
+    assert base.changed(cell_inputs(facts, 1, "0.5.21", "applied").digests) == [
+        "release"
+    ]
+    assert base.changed(cell_inputs(facts, 1, "0.5.20", "conflict").digests) == [
+        "status"
+    ]

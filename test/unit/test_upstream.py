@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -540,3 +541,70 @@ def test_patch_choice_mistakes_are_usage_and_the_hint_works(
     assert list(then) in filled, hint
     assert up.run("upstream", "0001").code == 0  # v1 exists to compare to
     assert up.run(*then).code == 0, up.run(*then).err
+
+
+def test_the_check_record_stands_for_unchanged_exports_until_one_disagrees(
+    up: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import json
+
+    _second_patch(up, 10)
+    for name in ("CI", "XPU_SERIES_PROVE_ALL", "XPU_SERIES_PROOF_SAMPLE"):
+        monkeypatch.delenv(name, raising=False)
+    record = up.root / "patches" / "upstream-checks.json"
+    args = ("upstream", "--all", "--check")
+    written = up.run(*args, "--record")
+    assert written.code == 0, written.out + written.err
+    assert f"check record: wrote {record}" in written.out
+    kept = json.loads(record.read_text())["checks"]
+    assert sorted(kept) == ["0001-fix-the-answer.patch", "0002-raise-the-limit.patch"]
+
+    # No sample: both checks come from the record; nothing runs, and the
+    # output (and pr.md's tables, read off check.json) are the record's.
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    shutil.rmtree(up.root / "build" / "upstream")
+    trusted = up.run(*args, "--json")
+    assert trusted.code == 0, trusted.err
+    assert "check record: 2 of 2 exports from patches/upstream-checks.json; " in (
+        trusted.err
+    )
+    data = json.loads(trusted.out)
+    assert [p["check"] for p in data["patches"]] == [
+        kept[n]["result"] for n in sorted(kept)
+    ]
+    assert (_v(up, 1) / "pr.md").is_file()
+    assert (
+        json.loads((_v(up, 1) / "check.json").read_text())
+        == (kept["0001-fix-the-answer.patch"]["result"])
+    )
+
+    # Everything re-checked: a record that tells a test's outcome wrong fails.
+    bad = json.loads(record.read_text())
+    check = bad["checks"]["0002-raise-the-limit.patch"]["result"]
+    test = sorted(check["without"])[0]
+    told = "passed" if check["without"][test] != "passed" else "failed"
+    check["without"][test] = told
+    record.write_text(json.dumps(bad))
+    monkeypatch.setenv("XPU_SERIES_PROVE_ALL", "1")
+    wrong = up.run(*args)
+    assert wrong.code == 1
+    said = "FAIL record: re-checked, it disagrees with patches/upstream-checks.json"
+    assert f"{said}: without the export, {test} was " in wrong.out
+    assert f"recorded {told}" in wrong.out
+    monkeypatch.delenv("XPU_SERIES_PROVE_ALL")
+
+    # A record of another version of the patch: it is checked in full, and
+    # under CI the stale record fails the run until the command the hint names
+    # writes it again.
+    bad["checks"]["0002-raise-the-limit.patch"]["inputs"]["export"] = "0" * 64
+    record.write_text(json.dumps(bad))
+    monkeypatch.setenv("CI", "true")
+    stale = up.run(*args)
+    assert stale.code == 1
+    assert "is stale for 1 export(s), checked in full here: " in stale.err
+    assert "0002-raise-the-limit.patch (changed: export)" in stale.err
+    (hint,) = [x for x in stale.err.splitlines() if x.startswith("hint: run '")]
+    command = hint.split("'")[1].split()[1:]
+    followed = up.run(*command)
+    assert followed.code == 0, followed.out + followed.err
+    assert up.run(*args).code == 0

@@ -14,11 +14,28 @@ from xpu_series.commands import Context, Output, add_tree
 from xpu_series.errors import UsageError
 from xpu_series.lock import tree_lock
 from xpu_series.project import Project
+from xpu_series.proofs.record import PatchInputs, Recorded, in_ci
 from xpu_series.result import ExitCode
 from xpu_series.upstream.bundle import Bundle, check_name, find_bundle, load_bundles
-from xpu_series.upstream.check import CheckResult, run_check
-from xpu_series.upstream.export import Export, export_bundle, export_patch, find_target
+from xpu_series.upstream.check import CheckResult, StepResult, run_check
+from xpu_series.upstream.export import (
+    Export,
+    Workspace,
+    export_bundle,
+    export_patch,
+    find_target,
+)
 from xpu_series.upstream.pr import gather, render
+from xpu_series.upstream.record import (
+    RECORD,
+    RECORD_HINT,
+    CheckPlan,
+    check_inputs,
+    disagreement,
+    load_checks,
+    plan_checks,
+    save_checks,
+)
 from xpu_series.upstream.related import load_upstream_work
 from xpu_series.upstream.revise import check_url, range_diff, record_forwarded
 from xpu_series.upstream.runner import TestServer
@@ -58,6 +75,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "without the change and pass with it, upstream's collector and lint hooks",
     )
     p.add_argument(
+        "--record",
+        action="store_true",
+        help="with --check: write each check into patches/upstream-checks.json "
+        "(commit it: --all --check then trusts unchanged exports and re-checks a "
+        "seeded sample)",
+    )
+    p.add_argument(
         "--compare-to",
         type=int,
         metavar="N",
@@ -92,14 +116,112 @@ def execute(ctx: Context) -> Output:
     with tree_lock(work, "upstream"):
         if args.forwarded is not None:
             return _forward(ctx, jobs[0], args.forwarded)
-        outputs = []
         with TestServer(project.root, work) as server:
+            exports = []
             for number, job in enumerate(jobs, start=1):
-                what = job if isinstance(job, str) else f"bundle {job.name}"
+                if len(jobs) > 1 and not ctx.json:
+                    ctx.say(f"[{number}/{len(jobs)}] exporting {_what(job)} ...")
+                exports.append(_export(ctx, project, tree, job))
+            plan, keys = None, {}
+            if args.check:
+                keys = {
+                    _what(job): check_inputs(
+                        project, export, Workspace(project, tree).git
+                    )
+                    for job, export in zip(jobs, exports, strict=True)
+                }
+                recorded = load_checks(project.patches_dir)
+                plan = plan_checks(list(keys), keys, recorded, named=not args.all)
+                if plan.line:
+                    ctx.say(plan.line)
+            outputs, checked = [], {}
+            for number, (job, export) in enumerate(zip(jobs, exports, strict=True), 1):
+                what = _what(job)
                 if len(jobs) > 1 and not ctx.json:
                     ctx.say(f"[{number}/{len(jobs)}] {what} ...")
-                outputs.append(_one(ctx, project, tree, job, server))
-    return outputs[0] if len(outputs) == 1 else _merge(outputs)
+                check = None
+                if plan is not None:
+                    check = _check(ctx, project, tree, export, server, plan, what)
+                    checked[what] = check
+                outputs.append(_finish(ctx, project, tree, export, check))
+    out = outputs[0] if len(outputs) == 1 else _merge(outputs)
+    if plan is not None:
+        _after_checks(ctx, project, plan, keys, checked, out)
+    return out
+
+
+def _what(job: str | Bundle) -> str:
+    return job if isinstance(job, str) else f"bundle {job.name}"
+
+
+def _check(
+    ctx: Context,
+    project: Project,
+    tree: Path,
+    export: Export,
+    server: TestServer,
+    plan: CheckPlan,
+    what: str,
+) -> CheckResult:
+    """The export's check: from the record where the plan trusts it, else run
+    (a sampled re-check must agree with the record)."""
+    if what in plan.trusted:
+        check = plan.trusted[what]
+    else:
+        if ctx.progress:
+            ctx.say(f"checking {export.folder} ...")
+        check = run_check(project, export, tree, server)
+    # pr.md's test tables read it, whichever way the check came.
+    (export.folder / "check.json").write_text(
+        json.dumps(check.to_json(), indent=2, sort_keys=True) + "\n"
+    )
+    if what in plan.trusted:
+        return check
+    kept = plan.recheck.get(what)
+    differs = disagreement(check, kept) if kept is not None else ""
+    if differs:
+        check.steps.append(
+            StepResult(
+                "record",
+                False,
+                f"re-checked, it disagrees with patches/{RECORD}: {differs}",
+            )
+        )
+    return check
+
+
+def _after_checks(
+    ctx: Context,
+    project: Project,
+    plan: CheckPlan,
+    keys: dict[str, PatchInputs],
+    checked: dict[str, CheckResult],
+    out: Output,
+) -> None:
+    """--record writes what was checked (or trusted); under CI, a missing or
+    stale record fails the run, with the command that writes it."""
+    if ctx.args.record:
+        if out.code == ExitCode.OK:
+            path = save_checks(
+                project.patches_dir,
+                {
+                    what: Recorded(dict(keys[what].digests), check.to_json())
+                    for what, check in checked.items()
+                },
+                list(keys),
+            )
+            out.out.append(f"check record: wrote {path}")
+        else:
+            out.out.append("check record: not written (a check failed)")
+    elif plan.stale and in_ci():
+        shown = "; ".join(plan.stale[:5])
+        more = f" and {len(plan.stale) - 5} more" if len(plan.stale) > 5 else ""
+        out.error(
+            f"patches/{RECORD} is stale for {len(plan.stale)} export(s), checked "
+            f"in full here: {shown}{more}",
+            RECORD_HINT,
+        )
+        out.code = max(out.code, ExitCode.FAILED)
 
 
 def _check_usage(args: argparse.Namespace) -> None:
@@ -138,24 +260,22 @@ def _check_usage(args: argparse.Namespace) -> None:
         )
 
 
-def _one(
-    ctx: Context, project: Project, tree: Path, job: str | Bundle, server: TestServer
-) -> Output:
-    args = ctx.args
+def _export(ctx: Context, project: Project, tree: Path, job: str | Bundle) -> Export:
     if ctx.progress:
         ctx.say(f"exporting {job if isinstance(job, str) else job.name} ...")
     if isinstance(job, str):
-        export = export_patch(project, tree, job)
-    else:
-        export = export_bundle(project, tree, job)
-    check = None
-    if args.check:
-        if ctx.progress:
-            ctx.say(f"checking {export.folder} ...")
-        check = run_check(project, export, tree, server)
-        (export.folder / "check.json").write_text(
-            json.dumps(check.to_json(), indent=2, sort_keys=True) + "\n"
-        )
+        return export_patch(project, tree, job)
+    return export_bundle(project, tree, job)
+
+
+def _finish(
+    ctx: Context,
+    project: Project,
+    tree: Path,
+    export: Export,
+    check: CheckResult | None,
+) -> Output:
+    args = ctx.args
     pr = render(project, export, gather(project, export, tree))
     pr_path = export.folder / "pr.md"
     pr_changed = not pr_path.is_file() or pr_path.read_text() != pr
