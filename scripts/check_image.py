@@ -543,7 +543,7 @@ def tools_ready(say: Callable[[str], None] = log) -> str:
         )
     if not root:
         return (
-            "skipped: buildah builds the fork image as root only here (vfs "
+            "skipped: buildah builds the fork image as root only here (its own "
             "storage, chroot isolation)\nhint: run 'sudo scripts/test image'"
         )
     return ""

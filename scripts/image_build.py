@@ -1,8 +1,8 @@
 """Containers without a registry, for scripts/check_image.py: buildah and mmdebstrap.
 
-Images are built as root with buildah's vfs storage and chroot isolation (no
-daemon, no kernel overlay, no user namespaces), in a storage of their own under
-the project's cache. The stand-in base's root filesystem is made from Debian's
+Images are built as root with chroot isolation (no daemon, no user namespaces),
+in a storage of their own under the project's cache: on the kernel's overlay
+driver where it mounts (layers shared, not copied), else on vfs. The stand-in base's root filesystem is made from Debian's
 packages by mmdebstrap. Everything made is kept by the content it was made from:
 `content_key` of what went in names the tarball or the image, so a warm run finds
 it and builds nothing. Standard library only.
@@ -215,16 +215,58 @@ def make_rootfs(spec: RootfsSpec, folder: Path, say: Callable[[str], None]) -> P
     return target
 
 
-class Buildah:
-    """buildah on a storage of its own (vfs driver, chroot isolation, as root)."""
+# Where the kernel mounts overlay (as root on ext4 or xfs), a layer is a
+# mount; on vfs each layer is a full copy of the image, which made most of the
+# image step's system time.
+DRIVERS = ("overlay", "vfs")
+DRIVER_ENV = "XPU_SERIES_BUILDAH_DRIVER"
 
-    def __init__(self, folder: Path) -> None:
+
+def storage_driver(folder: Path) -> str:
+    """The storage driver buildah can use under `folder`: overlay when a probe
+    store there can make a container, vfs otherwise ($XPU_SERIES_BUILDAH_DRIVER
+    chooses)."""
+    chosen = os.environ.get(DRIVER_ENV, "").strip()
+    if chosen:
+        if chosen not in DRIVERS:
+            raise BuildFailed(
+                f"{DRIVER_ENV}={chosen}: not a storage driver here "
+                f"(one of {', '.join(DRIVERS)})"
+            )
+        return chosen
+    probe = folder / "probe"
+    base = [
+        "buildah", "--root", str(probe / "storage"), "--runroot",
+        str(probe / "run"), "--storage-driver", "overlay",
+    ]  # fmt: skip
+    folder.mkdir(parents=True, exist_ok=True)
+    try:
+        made = subprocess.run(
+            [*base, "from", "--quiet", "scratch"], capture_output=True, text=True
+        )
+        if made.returncode == 0:
+            subprocess.run([*base, "rm", made.stdout.strip()], capture_output=True)
+    except OSError:
+        return "vfs"
+    finally:
+        shutil.rmtree(probe, ignore_errors=True)
+    return "overlay" if made.returncode == 0 else "vfs"
+
+
+class Buildah:
+    """buildah on a storage of its own (chroot isolation, as root), one per
+    storage driver (a store cannot change its driver)."""
+
+    def __init__(self, folder: Path, driver: str | None = None) -> None:
         self.folder = folder
+        self.driver = driver or storage_driver(folder)
+        # vfs keeps the folder it always had, so an existing store stays valid.
+        name = "storage" if self.driver == "vfs" else f"storage-{self.driver}"
         self.base = [
             "buildah",
-            "--root", str(folder / "storage"),
-            "--runroot", str(folder / "run"),
-            "--storage-driver", "vfs",
+            "--root", str(folder / name),
+            "--runroot", str(folder / f"run-{self.driver}"),
+            "--storage-driver", self.driver,
         ]  # fmt: skip
         self.env = dict(os.environ, BUILDAH_ISOLATION="chroot")
 

@@ -8,12 +8,16 @@
     scripts/test -j 3            three steps at once (default: one per core)
     scripts/test --keep-going    every step, even after one failed (to time them)
 
-After bootstrap and the lints, three lanes take turns on the cores, one step
-per core at a time (-j N to change): the tool's own checks (its tests, the
-mutants, the audit), the proofs on the patched tree and across releases
-(verify, the matrix, the registered tests, the replay) and the real-server,
-overlay, image and upstream checks. verify and its mutants have a folder each
-under build/ (each locks its own), so they may run side by side. Each step runs
+After bootstrap and the lints, five lanes share the cores, one step per core
+at a time (-j N to change): the tool's own checks (its tests, the mutants, the
+audit), the proofs on the patched tree and across releases (verify, the matrix,
+the registered tests, the replay), the real servers of the stand-in, the
+installs (overlay, wheel, image) and the upstream export with the benchmarks.
+A lane runs its steps in order, one at a time (they share folders); a free core
+goes to the lane with the most work left (each step's `cost_s`), so the longest
+lane starts first and no lane is left to run alone at the end. verify and its
+mutants have a folder each under build/ (each locks its own), so they may run
+side by side. Each step runs
 under `--reap` (a child subreaper): what it starts is waited for and counted in
 its CPU, and nothing it leaves behind outlives it. Every line a step prints is
 relayed live with its step's tag; each step's full output is also kept in
@@ -97,10 +101,13 @@ class Step:
     # inputs_digest): the same inputs are not checked twice. Not for a step that
     # asks the package index (newer releases appear without any change here).
     cached: bool = True
+    # CPU seconds of a cold run on two cores (build/reports/steps.json of a clean
+    # clone): only the order in which lanes get a core depends on it.
+    cost_s: int = 60
 
 
 # The lanes that run side by side once the "first" steps are done.
-LANES = ("tool", "proof", "serve")
+LANES = ("tool", "proof", "serve", "install", "upstream")
 
 
 def sh(script: str) -> tuple[str, ...]:
@@ -119,78 +126,82 @@ STEPS: tuple[Step, ...] = (
          ("scripts/actionlint",), "first"),
     # The tool lane.
     Step("tool-tests", "tool tests (test/unit) and doctests",
-         (*PYTEST, "--doctest-modules", "python/xpu_series", "test/unit"), "tool"),
+         (*PYTEST, "--doctest-modules", "python/xpu_series", "test/unit"), "tool",
+         cost_s=310),
     Step("script-tests",
          "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
-         (*PYTEST, "test/scripts"), "proof"),
+         (*PYTEST, "test/scripts"), "proof", cost_s=40),
     Step("registration",
          "registration: every registered file is registered; nothing under test/manual",
-         (PY, "scripts/check_registration.py"), "tool"),
+         (PY, "scripts/check_registration.py"), "tool", cost_s=6),
     Step("refresh-check",
          "refresh --check: patches/ is byte for byte what refresh writes from the tree",
-         (".venv/bin/xpu-series", "refresh", "--check"), "tool"),
+         (".venv/bin/xpu-series", "refresh", "--check"), "tool", cost_s=1),
     Step("verify", "verify: every patch is proven",
-         (".venv/bin/xpu-series", "verify"), "proof"),
+         (".venv/bin/xpu-series", "verify"), "proof", cost_s=50),
     # After verify in its lane: the pin's runs come from verify's outcomes.
     Step("matrix",
          "behavioural matrix: each served release (serves-from..pin) and every newer "
          "one (build/reports/)",
-         sh(MATRIX), "proof", cached=False),
+         sh(MATRIX), "proof", cached=False, cost_s=110),
     Step("mutants",
          "verify --mutants: each patch's tests kill every mutant of the lines it adds",
-         (".venv/bin/xpu-series", "verify", "--mutants"), "tool"),
+         (".venv/bin/xpu-series", "verify", "--mutants"), "tool", cost_s=60),
     Step("registered",
          "registered CPU tests on the patched tree (test/registered/unit)",
-         (*PYTEST, "test/registered/unit"), "proof"),
+         (*PYTEST, "test/registered/unit"), "proof", cost_s=150),
     Step("audit",
          "audit: no exposed CUDA-only finding on the patched tree (--check); the "
          "pristine pin's report; SARIF; the known bugs found in real releases",
-         sh(AUDIT), "tool"),
-    # The serving lane: real servers, real installs, real releases.
+         sh(AUDIT), "tool", cost_s=40),
+    # The serving lane: real servers of the stand-in.
     Step("standin-suite",
          "XPU chunked-prefill suite on the CPU stand-in (real SGLang servers; see "
          "its README)",
          (*PYTEST, "-rs", "--durations=8", "test/manual/chunked_prefill"), "serve",
-         env=(("SGLANG_XPU_STANDIN", "cpu"),)),
+         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=55),
     Step("xpu-suites",
          "XPU suites (test/manual, test/registered/e2e): import, collect, skip "
          "with reasons",
          # One run: a file that does not import or collect fails it (exit 2) as
          # a separate --collect-only did, which imported sglang a second time.
-         (*PYTEST, "-rs", "test/manual", "test/registered/e2e"), "serve"),
+         (*PYTEST, "-rs", "test/manual", "test/registered/e2e"), "serve", cost_s=15),
     Step("standin-scripts",
          "measurement and serving scripts against real servers on the CPU stand-in "
          "(test/standin)",
-         (*PYTEST, "-rs", "--durations=5", "test/standin"), "serve"),
+         (*PYTEST, "-rs", "--durations=5", "test/standin"), "serve", cost_s=220),
+    # The install lane: real pip installs and images of real releases.
     Step("overlay",
          "overlay: the fork installed into a real pip install of each served release "
          "(docker/install-fork.sh)",
-         (PY, "scripts/check_overlay.py"), "serve"),
+         (PY, "scripts/check_overlay.py"), "install", cost_s=80),
     Step("wheel",
          "wheel: the patched sglang as a pip wheel (built twice, byte-identical), "
          "installed in a fresh venv and over the stock release, the patches' fast "
          "tests on the install, uninstall leaves nothing",
-         (PY, "scripts/check_wheel.py"), "serve"),
+         (PY, "scripts/check_wheel.py"), "install", cost_s=115),
     Step("replay",
          "replay the last move (patches/moves/, patches/resolutions/) from git "
          "history: byte for byte",
-         (PY, "scripts/replay_move.py"), "proof"),
+         (PY, "scripts/replay_move.py"), "proof", cost_s=20),
     Step("image",
          "image: docker/Dockerfile built with buildah as xpu-serve --fork builds it, "
          "on a stand-in for the official XPU image (overlay: pin and oldest served "
          "release; wheel: the pin); "
          "a broken base must fail it",
-         (PY, "scripts/check_image.py"), "serve"),
+         (PY, "scripts/check_image.py"), "install", cost_s=85),
     Step("upstream-check",
          "upstream --check: each carried patch and declared bundle exports as an "
          "upstream pull request "
          "that fails without it, passes with it, registers and lints clean",
          # One invocation: one test interpreter for every patch (torch and
          # sglang's imports load once, not twice per patch).
-         (".venv/bin/xpu-series", "upstream", "--all", "--check"), "serve"),
-    # Last: its quick mode of bench_ci reads the steps the run has timed so far.
+         (".venv/bin/xpu-series", "upstream", "--all", "--check"), "upstream",
+         cost_s=80),
+    # After upstream-check in its lane: bench_upstream reads its outcomes. Its
+    # quick mode of bench_ci reads the steps the run has timed so far.
     Step("benchmarks", "benchmarks, quick mode: every scripts/bench_*.py still runs",
-         (PY, "scripts/bench_ci.py", "--quick-all"), "serve"),
+         (PY, "scripts/bench_ci.py", "--quick-all"), "upstream", cost_s=140),
 )  # fmt: skip
 
 
@@ -260,9 +271,6 @@ class Run:
     procs: set[subprocess.Popen[bytes]] = field(default_factory=set)
     start: float = field(default_factory=time.monotonic)
     digest: str = ""  # inputs_digest(), or "" to run every step (--fresh)
-    # Steps that run at once: one per core (three lanes on two cores only
-    # stretch every step; the lanes still keep their order).
-    slots: threading.Semaphore = field(default_factory=lambda: threading.Semaphore(2))
     seed: int = 0  # the proofs' sample (XPU_SERIES_PROOF_SEED), told at the start
     keep_going: bool = False  # a failed step does not stop the others
 
@@ -325,8 +333,7 @@ def run_step(run: Run, step: Step) -> bool:
         run.failed.set()
         run.save()
         return False
-    with run.slots:
-        return _run_process(run, step, outcome, key, env)
+    return _run_process(run, step, outcome, key, env)
 
 
 def _missing(program: str) -> str:
@@ -342,9 +349,6 @@ def _missing(program: str) -> str:
 def _run_process(
     run: Run, step: Step, outcome: Outcome, key: str, env: dict[str, str]
 ) -> bool:
-    if run.failed.is_set() and not run.keep_going:  # while it waited for a slot
-        outcome.note = "not run: an earlier step failed"
-        return False
     passed = ROOT / CACHE / f"{key}.json"
     logs = REPORTS / "steps"
     start = time.monotonic()
@@ -395,19 +399,50 @@ def _run_process(
     return code == 0
 
 
-def run_lane(run: Run, steps: list[Step]) -> None:
-    """The lane's steps in order; a fault of this runner fails the run, loudly."""
-    current = None
-    try:
-        for current in steps:
-            run_step(run, current)
-    except Exception as exc:  # noqa: BLE001 - reported, and the run fails
-        run.failed.set()
-        if current is not None:
-            outcome = run.outcomes[current.tag]
-            outcome.code = outcome.code if outcome.code not in (None, 0) else 1
-            outcome.note = f"the step runner failed here: {exc!r}"
-        run.say(f"error: the step runner failed: {exc!r}")
+def run_lanes(run: Run, lanes: list[list[Step]], jobs: int) -> None:
+    """Up to `jobs` steps at once, each lane's in its order and one at a time.
+    A free slot goes to the ready lane with the most cost_s left: the longest
+    lane starts first, so the run ends when the cores run out of work, not when
+    a lane started late is left to run alone. A fault of this runner fails the
+    run, loudly."""
+    pending = [list(lane) for lane in lanes]
+    busy = [False] * len(pending)
+    turn = threading.Condition()
+
+    def take() -> tuple[int, Step] | None:
+        with turn:
+            while True:
+                ready = [i for i, left in enumerate(pending) if left and not busy[i]]
+                if ready:
+                    # max() keeps the first of equals: the lanes' own order.
+                    i = max(ready, key=lambda k: sum(s.cost_s for s in pending[k]))
+                    busy[i] = True
+                    return i, pending[i].pop(0)
+                if not any(busy):
+                    return None
+                turn.wait()
+
+    def work() -> None:
+        while (got := take()) is not None:
+            lane, step = got
+            try:
+                run_step(run, step)
+            except Exception as exc:  # noqa: BLE001 - reported, and the run fails
+                run.failed.set()
+                outcome = run.outcomes[step.tag]
+                outcome.code = outcome.code if outcome.code not in (None, 0) else 1
+                outcome.note = f"the step runner failed here: {exc!r}"
+                run.say(f"error: the step runner failed: {exc!r}")
+            finally:
+                with turn:
+                    busy[lane] = False
+                    turn.notify_all()
+
+    workers = [threading.Thread(target=work) for _ in range(max(1, jobs))]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
 
 
 def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float, float]:
@@ -580,7 +615,6 @@ def main(argv: list[str]) -> int:
         if not args.steps or s.tag in args.steps or s.tag == "bootstrap"
     ]
     run = Run(outcomes={s.tag: Outcome(s) for s in chosen})
-    run.slots = threading.Semaphore(max(1, args.jobs))
     run.keep_going = args.keep_going
     fresh = args.fresh or os.environ.get("XPU_SERIES_FRESH") == "1"
     run.digest = "" if fresh else inputs_digest()
@@ -596,13 +630,7 @@ def main(argv: list[str]) -> int:
         lanes = [lane for lane in lanes if lane]
         if args.serial:
             lanes = [[s for lane in lanes for s in lane]]
-        threads = [
-            threading.Thread(target=run_lane, args=(run, lane)) for lane in lanes
-        ]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        run_lanes(run, lanes, args.jobs)
     except KeyboardInterrupt:
         run.failed.set()
         with run.lock:

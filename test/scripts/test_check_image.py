@@ -400,3 +400,42 @@ def test_buildah_reads_back_what_it_stored(ci, tmp_path: Path) -> None:
         "localhost/test/img:b-3",
     ]
     assert b.image_id("localhost/test/served:v1") is None
+
+
+def test_the_storage_driver_is_chosen_by_a_probe_or_the_environment(
+    ci, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    build = sys.modules[ci.Buildah.__module__]
+    monkeypatch.setenv(build.DRIVER_ENV, "vfs")
+    b = ci.Buildah(tmp_path / "images")
+    # vfs keeps the store it always had: an existing one stays valid.
+    assert b.driver == "vfs" and str(tmp_path / "images" / "storage") in b.base
+    monkeypatch.setenv(build.DRIVER_ENV, "btrfs")
+    with pytest.raises(build.BuildFailed, match="btrfs: not a storage driver"):
+        ci.Buildah(tmp_path / "images")
+    monkeypatch.delenv(build.DRIVER_ENV)
+    # No buildah at all: vfs, and the probe leaves nothing behind.
+    monkeypatch.setenv("PATH", str(tmp_path / "empty"))
+    assert build.storage_driver(tmp_path / "images") == "vfs"
+    assert not (tmp_path / "images" / "probe").exists()
+
+
+@pytest.mark.skipif(
+    shutil.which("buildah") is None or os.geteuid() != 0,
+    reason="needs buildah, as root (apt-get install buildah)",
+)
+def test_the_probe_finds_overlay_where_the_kernel_mounts_it(ci, tmp_path: Path) -> None:
+    build = sys.modules[ci.Buildah.__module__]
+    probe = tmp_path / "o"
+    (probe / "l").mkdir(parents=True)
+    for name in ("u", "w", "m"):
+        (probe / name).mkdir()
+    opts = f"lowerdir={probe / 'l'},upperdir={probe / 'u'},workdir={probe / 'w'}"
+    mounted = subprocess.run(
+        ["mount", "-t", "overlay", "overlay", "-o", opts, str(probe / "m")],
+        capture_output=True,
+    )
+    subprocess.run(["umount", str(probe / "m")], capture_output=True)
+    expected = "overlay" if mounted.returncode == 0 else "vfs"
+    assert build.storage_driver(tmp_path / "images") == expected
+    assert not (tmp_path / "images" / "probe").exists()

@@ -306,7 +306,12 @@ def test_the_real_steps_cover_every_check(steps) -> None:
     tags = [s.tag for s in real]
     assert len(tags) == len(set(tags))
     assert {s.lane for s in real} == {"first", *load_script("run_steps.py").LANES}
-    assert load_script("run_steps.py").LANES == ("tool", "proof", "serve")
+    assert load_script("run_steps.py").LANES == (
+        "tool", "proof", "serve", "install", "upstream"
+    )  # fmt: skip
+    # bench_upstream reads upstream-check's outcomes: after it, in its lane.
+    assert lane_of(real, "upstream-check") == lane_of(real, "benchmarks")
+    assert tags.index("upstream-check") < tags.index("benchmarks")
     # The matrix reads verify's outcomes for the pin: verify runs before it.
     lane = {s.tag: s.lane for s in real}
     assert lane["verify"] == lane["matrix"]
@@ -425,6 +430,32 @@ def test_steps_run_one_per_core_and_the_lanes_keep_their_order(
     log.unlink()
     assert steps.main(["--fresh", "-j", "2"]) == 0
     assert most_at_once()[0] == 2
+
+
+def lane_of(steps, tag: str) -> str:
+    return next(s.lane for s in steps if s.tag == tag)
+
+
+def test_a_free_core_goes_to_the_lane_with_the_most_work_left(
+    steps, tmp_path: Path
+) -> None:
+    # One core: the order steps start in is the scheduler's choice alone.
+    log = tmp_path / "build" / "order"
+    log.parent.mkdir()
+    steps.STEPS = (
+        steps.Step("bootstrap", "boot", steps.sh("true"), "first"),
+        *(
+            steps.Step(tag, tag, steps.sh(f"echo {tag} >>{log}"), lane, cost_s=cost)
+            for tag, lane, cost in (
+                ("tool1", "tool", 10), ("tool2", "tool", 10),
+                ("serve1", "serve", 100), ("serve2", "serve", 5),
+                ("proof1", "proof", 30),
+            )
+        ),
+    )  # fmt: skip
+    assert steps.main(["--fresh", "-j", "1"]) == 0
+    # serve has 105 left, then proof 30 against serve's 5 and tool's 20, ...
+    assert log.read_text().split() == ["serve1", "proof1", "tool1", "tool2", "serve2"]
 
 
 def test_every_step_of_a_run_gets_the_same_proof_seed(
