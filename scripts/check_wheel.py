@@ -6,8 +6,11 @@
   wheel; `pip show sglang` reports the series' label; every file of the installed
   sglang package is build/sglang's (the applied tree) byte for byte, and the
   files the series changes are among them; importlib.metadata finds the plugin's
-  entry point there; each patch's fast tests (as scripts/check_overlay.py runs
-  them) pass against that install, with sglang imported from it;
+  entry point there; the fast tests of a seeded sample of the patches pass against
+  that install, with sglang imported from it (every patch's with
+  XPU_SERIES_PROVE_ALL=1: the install is the tree byte for byte, which the
+  registered tests prove, and scripts/check_overlay.py runs every patch's tests
+  on its install of the pin);
 - `pip uninstall -y sglang` leaves no file of it behind;
 - the official image's order: `pip install --no-deps` of the stock release, then
   the fork over it (the label and the tree's files again), then `pip uninstall`
@@ -42,10 +45,17 @@ sys.path.insert(0, str(ROOT / "scripts"))
 # plugin registration; the wheel's install gets the same checks.
 from check_overlay import (  # noqa: E402
     Failed,
-    carried_tests,
     plugin_registered,
     run,
     run_carried_tests,
+)
+from xpu_series.project import Project  # noqa: E402
+from xpu_series.proofs.record import (  # noqa: E402
+    SEED_ENV,
+    prove_all_asked,
+    run_seed,
+    sample,
+    sample_size,
 )
 
 
@@ -158,6 +168,27 @@ def install_fork_prebuilt(venv: Venv, wheel: Path, folder: Path) -> str:
     return f"took {wheel.name}, not the decoy"
 
 
+def sampled_tests() -> tuple[list[str], str]:
+    """The fast tests the install runs: those of the run's sample of patches
+    (proofs/record.py's, by the run's seed), or every patch's when all are to be
+    proven; and which patches they are."""
+    patches = [p for p in Project(ROOT).series().patches if p.header.fast_tests]
+    if prove_all_asked():
+        chosen, why = patches, "every patch"
+    else:
+        seed = run_seed()
+        names = sample(seed, [p.name for p in patches], sample_size())
+        chosen = [p for p in patches if p.name in names]
+        why = (
+            f"{', '.join(n[:4] for n in names)} (a sample: {SEED_ENV}={seed} "
+            "repeats it, XPU_SERIES_PROVE_ALL=1 runs every patch's)"
+        )
+    tests: list[str] = []
+    for patch in chosen:
+        tests += [t for t in patch.header.fast_tests if t not in tests]
+    return tests, why
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--python", default="python3.11", help="the venv's Python")
@@ -194,8 +225,9 @@ def main() -> int:
             if line.split(":", 1)[0] in ("Name", "Version", "Summary", "Location")
         ]
         print("\n".join(f"    pip show sglang: {line}" for line in shown), flush=True)
-        said = run_carried_tests(venv.site, carried_tests())
-        step(f"the patches' tests on that install (not build/sglang): {said}")
+        tests, which = sampled_tests()
+        said = run_carried_tests(venv.site, tests)
+        step(f"the fast tests of {which} on that install (not build/sglang): {said}")
         venv.pip("uninstall", "-y", "sglang")
         left = differences(empty, snapshot(venv.site))
         if left:
