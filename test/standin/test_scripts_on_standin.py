@@ -9,77 +9,17 @@ import json
 import os
 import subprocess
 import sys
-import time
-import urllib.request
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import cpu_standin
-import pytest
+from conftest import CHUNK
 
 ROOT = Path(__file__).resolve().parents[2]
 SCRIPTS = ROOT / "scripts"
-CHUNK = 64
-READY_TIMEOUT_S = 300
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def _env() -> dict[str, str]:
     return {**os.environ, **cpu_standin.ENVIRONMENT}
-
-
-def _start(chunk: int, log: Path) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "sglang.launch_server", *cpu_standin.launch_args(),
-        "--port", str(port), "--chunked-prefill-size", str(chunk),
-        "--random-seed", "1",
-    ]  # fmt: skip
-    with open(log, "w") as out:
-        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=_env())
-    return proc, f"http://127.0.0.1:{port}"
-
-
-def _wait_ready(proc: subprocess.Popen, url: str, log: Path) -> None:
-    deadline = time.monotonic() + READY_TIMEOUT_S
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(
-                f"server exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-            )
-        try:
-            urllib.request.urlopen(f"{url}/v1/models", timeout=2).read()
-            return
-        except OSError:
-            time.sleep(1)
-    raise TimeoutError(f"server at {url} not ready:\n{log.read_text()[-3000:]}")
-
-
-@pytest.fixture(scope="module")
-def servers(tmp_path_factory):
-    """Two servers on the stand-in, started together: chunked (64) and not."""
-    logs = tmp_path_factory.mktemp("servers")
-    started = [_start(CHUNK, logs / "on.log"), _start(-1, logs / "off.log")]
-    try:
-        with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda s, n: _wait_ready(*s, logs / n), started,
-                          ["on.log", "off.log"]))  # fmt: skip
-        yield {"on": started[0][1], "off": started[1][1]}
-    finally:
-        for proc, _ in started:
-            proc.terminate()
-        for proc, _ in started:
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
 
 
 def _run(*args: str, timeout: float = 600) -> subprocess.CompletedProcess[str]:
