@@ -4,10 +4,13 @@
 For the pin and each other release the series serves: the sglang wheel is installed
 with pip into a scratch virtualenv, `docker/install-fork.sh` (what docker/Dockerfile
 runs) overlays it, and then:
-- on the pin, each carried patch's fast tests (`Fast-Tests:`, else `Tests:`) run
-  against that installed, overlaid sglang (and it is checked that they imported it
-  from there); the tests that start real servers run on the tree, in the
-  `registered` and `verify` steps, not a third time here;
+- on the pin, the fast tests (`Fast-Tests:`, else `Tests:`) of the run's seeded
+  sample of the carried patches (the proofs' sample: XPU_SERIES_PROOF_SEED, and
+  every patch with XPU_SERIES_PROVE_ALL=1, as the weekly workflow runs) run
+  against that installed, overlaid sglang (and it is checked that they imported
+  it from there). The sample shows the install imports and runs; that the
+  overlaid files are the series' is checked for every file (overlay --status),
+  and every patch's tests pass on those same bytes in the `registered` step;
 - the overlay registers the series' plugin: importlib.metadata finds its
   `sglang.srt.plugins` entry point in the site, and its module is there;
 - `overlay --undo` gives back every file's original sha256, and the entry point
@@ -43,6 +46,13 @@ from xpu_series.fork.identity import (  # noqa: E402
     PLUGIN_PACKAGE,
 )
 from xpu_series.project import Project  # noqa: E402
+from xpu_series.proofs.record import (  # noqa: E402
+    SEED_ENV,
+    prove_all_asked,
+    run_seed,
+    sample,
+    sample_size,
+)
 from xpu_series.stack.bytecode import prime_folder  # noqa: E402
 
 
@@ -79,12 +89,25 @@ def served_releases() -> list[str]:
     ]
 
 
-def carried_tests() -> list[str]:
-    """The fast tests of every carried patch (see PatchHeader.fast_tests)."""
+def sampled_tests() -> tuple[list[str], str]:
+    """The fast tests the install runs: those of the run's sample of patches
+    (proofs/record.py's, by the run's seed), or every patch's when all are to be
+    proven; and which patches they are."""
+    patches = [p for p in Project(ROOT).series().patches if p.header.fast_tests]
+    if prove_all_asked():
+        chosen, why = patches, "every patch"
+    else:
+        seed = run_seed()
+        names = sample(seed, [p.name for p in patches], sample_size())
+        chosen = [p for p in patches if p.name in names]
+        why = (
+            f"{', '.join(n[:4] for n in names)} (a sample: {SEED_ENV}={seed} "
+            "repeats it, XPU_SERIES_PROVE_ALL=1 runs every patch's)"
+        )
     tests: list[str] = []
-    for patch in Project(ROOT).series().patches:
+    for patch in chosen:
         tests += [t for t in patch.header.fast_tests if t not in tests]
-    return tests
+    return tests, why
 
 
 def run_carried_tests(site: Path, tests: list[str]) -> str:
@@ -201,7 +224,8 @@ def main() -> int:
     args = parser.parse_args()
     pin = tomllib.loads((ROOT / "patches/upstream.toml").read_text())["upstream"]
     releases = args.releases or served_releases()
-    tests = carried_tests()
+    tests, which = sampled_tests()
+    print(f"the pin's install runs the fast tests of {which}", flush=True)
     failed = 0
     for release in releases:
         start = time.monotonic()

@@ -6,11 +6,9 @@
   wheel; `pip show sglang` reports the series' label; every file of the installed
   sglang package is build/sglang's (the applied tree) byte for byte, and the
   files the series changes are among them; importlib.metadata finds the plugin's
-  entry point there; the fast tests of a seeded sample of the patches pass against
-  that install, with sglang imported from it (every patch's with
-  XPU_SERIES_PROVE_ALL=1: the install is the tree byte for byte, which the
-  registered tests prove, and scripts/check_overlay.py runs every patch's tests
-  on its install of the pin);
+  entry point there; the fast tests of the run's seeded sample of the patches
+  pass against that install, with sglang imported from it (as
+  scripts/check_overlay.py runs them);
 - `pip uninstall -y sglang` leaves no file of it behind;
 - the official image's order: `pip install --no-deps` of the stock release, then
   the fork over it (the label and the tree's files again), then `pip uninstall`
@@ -48,14 +46,7 @@ from check_overlay import (  # noqa: E402
     plugin_registered,
     run,
     run_carried_tests,
-)
-from xpu_series.project import Project  # noqa: E402
-from xpu_series.proofs.record import (  # noqa: E402
-    SEED_ENV,
-    prove_all_asked,
-    run_seed,
-    sample,
-    sample_size,
+    sampled_tests,
 )
 
 
@@ -166,27 +157,6 @@ def install_fork_prebuilt(venv: Venv, wheel: Path, folder: Path) -> str:
     if venv.version() != f"{release}+{label}":
         raise Failed(f"install-fork.sh installed sglang {venv.version()}")
     return f"took {wheel.name}, not the decoy"
-
-
-def sampled_tests() -> tuple[list[str], str]:
-    """The fast tests the install runs: those of the run's sample of patches
-    (proofs/record.py's, by the run's seed), or every patch's when all are to be
-    proven; and which patches they are."""
-    patches = [p for p in Project(ROOT).series().patches if p.header.fast_tests]
-    if prove_all_asked():
-        chosen, why = patches, "every patch"
-    else:
-        seed = run_seed()
-        names = sample(seed, [p.name for p in patches], sample_size())
-        chosen = [p for p in patches if p.name in names]
-        why = (
-            f"{', '.join(n[:4] for n in names)} (a sample: {SEED_ENV}={seed} "
-            "repeats it, XPU_SERIES_PROVE_ALL=1 runs every patch's)"
-        )
-    tests: list[str] = []
-    for patch in chosen:
-        tests += [t for t in patch.header.fast_tests if t not in tests]
-    return tests, why
 
 
 def main() -> int:

@@ -2,10 +2,11 @@
 
 Images are built as root with chroot isolation (no daemon, no user namespaces),
 in a storage of their own under the project's cache: on the kernel's overlay
-driver where it mounts (layers shared, not copied), else on vfs. The stand-in base's root filesystem is made from Debian's
-packages by mmdebstrap. Everything made is kept by the content it was made from:
-`content_key` of what went in names the tarball or the image, so a warm run finds
-it and builds nothing. Standard library only.
+driver where it mounts (layers shared, not copied), else on vfs. The stand-in
+base's root filesystem is made from Debian's packages by mmdebstrap. Everything
+made is kept by the content it was made from: `content_key` of what went in names
+the tarball or the image, so a warm run finds it and builds nothing.
+Standard library only.
 """
 
 from __future__ import annotations

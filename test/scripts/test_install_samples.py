@@ -1,4 +1,5 @@
-"""scripts/check_wheel.py: which patches' fast tests the wheel's install runs."""
+"""scripts/check_overlay.py and check_wheel.py: which patches' fast tests the
+installs run."""
 
 from __future__ import annotations
 
@@ -10,7 +11,10 @@ from xpu_series.project import Project
 
 @pytest.fixture(scope="module")
 def wheel():
-    return load_script("check_wheel.py")
+    # check_wheel runs check_overlay's sample: one choice for both installs.
+    module = load_script("check_wheel.py")
+    assert module.sampled_tests.__module__ == "check_overlay"
+    return module
 
 
 def test_the_install_runs_a_seeded_sample_or_every_patchs_tests(
