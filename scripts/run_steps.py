@@ -126,7 +126,8 @@ STEPS: tuple[Step, ...] = (
          ("scripts/actionlint",), "first"),
     # The tool lane.
     Step("tool-tests", "tool tests (test/unit) and doctests",
-         (*PYTEST, "--doctest-modules", "python/xpu_series", "test/unit"), "tool",
+         (*PYTEST, "--durations=10", "--doctest-modules", "python/xpu_series",
+          "test/unit"), "tool",
          cost_s=310),
     Step("script-tests",
          "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
@@ -149,7 +150,7 @@ STEPS: tuple[Step, ...] = (
          (".venv/bin/xpu-series", "verify", "--mutants"), "tool", cost_s=60),
     Step("registered",
          "registered CPU tests on the patched tree (test/registered/unit)",
-         (*PYTEST, "test/registered/unit"), "proof", cost_s=150),
+         (*PYTEST, "--durations=8", "test/registered/unit"), "proof", cost_s=150),
     Step("audit",
          "audit: no exposed CUDA-only finding on the patched tree (--check); the "
          "pristine pin's report; SARIF; the known bugs found in real releases",
