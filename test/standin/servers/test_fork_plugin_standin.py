@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from conftest import TREE, plugin_env
+from standin_servers import TREE, plugin_env
 
 LINE = re.compile(
     r"sglang-xpu: series s([0-9a-f]{12}) \((\d+) patches, .* on sglang (\S+)"

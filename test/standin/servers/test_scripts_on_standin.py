@@ -12,9 +12,9 @@ import sys
 from pathlib import Path
 
 import cpu_standin
-from conftest import CHUNK
+from standin_servers import CHUNK
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCRIPTS = ROOT / "scripts"
 
 
