@@ -8,6 +8,7 @@ import atexit
 import math
 import os
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -36,6 +37,12 @@ DEFAULT_MAX_STEPS = 400
 # 0008) ends in "POST /generate failed: ...", not a silent pass. Raise the value
 # if that happens.
 RID_RELEASE_SETTLE_STEPS = 40
+# And at least this long: an idle scheduler runs 40 iterations in milliseconds,
+# and on a loaded host (CI's two cores, another step beside this suite) the
+# detokenizer and tokenizer processes may not have run at all by then. Seen on
+# the CPU stand-in: the reused rid's POST answered, and no request reached the
+# scheduler.
+RID_RELEASE_SETTLE_S = 2.0
 
 
 def standin() -> bool:
@@ -206,7 +213,8 @@ def drain_until_released(
 
     Fails with each handle's remaining holdings if that takes over `max_steps`,
     so a leak reads as a leak, not as a hang. After the release it keeps stepping
-    RID_RELEASE_SETTLE_STEPS times so the release also reaches the tokenizer.
+    RID_RELEASE_SETTLE_STEPS times, and for RID_RELEASE_SETTLE_S at least, so
+    the release also reaches the tokenizer.
     """
     for _ in range(max_steps):
         if all(released(h) for h in handles):
@@ -217,7 +225,11 @@ def drain_until_released(
             f"{h.rid}: kv_pages={h.kv_pages} lock_refs={h.lock_refs}" for h in handles
         )
         raise AssertionError(f"not released after {max_steps} steps ({state})")
+    settled = time.monotonic() + RID_RELEASE_SETTLE_S
     for _ in range(RID_RELEASE_SETTLE_STEPS):
+        yield
+    while time.monotonic() < settled:
+        time.sleep(0.01)  # the other processes get the core, not a spinning loop
         yield
 
 
