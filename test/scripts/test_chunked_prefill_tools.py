@@ -8,6 +8,7 @@ import io
 import json
 import math
 import sys
+import time
 import unittest
 from pathlib import Path
 from types import SimpleNamespace
@@ -110,11 +111,19 @@ class _Handle:
         return 0 if self.reads > self.release_after else 1
 
 
-def test_drain_waits_for_release_then_settles() -> None:
+def test_drain_waits_for_release_then_settles(monkeypatch) -> None:
     handle = _Handle("a", release_after=5)
+    monkeypatch.setattr(xpu_common, "RID_RELEASE_SETTLE_S", 0.0)
     steps = sum(1 for _ in xpu_common.drain_until_released(None, handle))
     # 5 steps until the pages are back, then the settle steps for the tokenizer.
     assert steps == 5 + xpu_common.RID_RELEASE_SETTLE_STEPS
+    # And the settle time at least: it keeps stepping until that has passed.
+    monkeypatch.setattr(xpu_common, "RID_RELEASE_SETTLE_S", 0.3)
+    handle = _Handle("b", release_after=5)
+    start = time.monotonic()
+    steps = sum(1 for _ in xpu_common.drain_until_released(None, handle))
+    assert time.monotonic() - start >= 0.3
+    assert steps > 5 + xpu_common.RID_RELEASE_SETTLE_STEPS
 
 
 def test_drain_reports_a_leak_by_name() -> None:
