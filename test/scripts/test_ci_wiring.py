@@ -234,6 +234,44 @@ def test_a_step_that_passed_on_the_same_inputs_is_not_run_again(
     assert counter.read_text().count("run") == 4
 
 
+def test_a_step_that_reads_the_index_runs_again_when_the_index_changes(
+    steps, tmp_path: Path, capsys
+) -> None:
+    # The "index" is a file outside the checkout's inputs (under build/): the
+    # step's key_from prints it, and fails while it is missing (offline).
+    counter, index = tmp_path / "build" / "runs", tmp_path / "build" / "index"
+    counter.parent.mkdir()
+    steps.STEPS = (
+        steps.Step("bootstrap", "boot", ("true",), "first"),
+        steps.Step(
+            "matrix", "the matrix", steps.sh(f"echo run >>{counter}"), "proof",
+            key_from=("cat", str(index)),
+        ),
+    )  # fmt: skip
+    index.write_text("0.5.23\n")
+    assert steps.main([]) == 0 and steps.main([]) == 0
+    assert counter.read_text().count("run") == 1
+    # A new release on the index: the same checkout, another key.
+    index.write_text("0.5.23\n0.5.24\n")
+    assert steps.main([]) == 0
+    assert counter.read_text().count("run") == 2
+    # The index cannot be read: the step runs, and nothing is remembered.
+    index.unlink()
+    assert steps.main([]) == 0 and steps.main([]) == 0
+    assert counter.read_text().count("run") == 4
+    assert "[matrix] not remembered: cat" in capsys.readouterr().out
+    # The index answers as before: the pass of that answer still stands.
+    index.write_text("0.5.23\n0.5.24\n")
+    assert steps.main([]) == 0
+    assert counter.read_text().count("run") == 4
+
+
+def test_the_matrix_keys_its_pass_on_the_releases_it_would_compare() -> None:
+    real = load_script("run_steps.py")
+    (matrix,) = [s for s in real.STEPS if s.tag == "matrix"]
+    assert matrix.cached and matrix.key_from[-2:] == ("matrix", "--releases")
+
+
 def test_both_lanes_finishing_at_once_keep_a_whole_report(steps, capsys) -> None:
     # Remembered passes end in an instant: the two lanes write steps.json at
     # the same moments, again and again.

@@ -237,6 +237,9 @@ def test_matrix_asks_the_index_for_newer_releases(
     result = three_patches.run("matrix", "--json")
     assert result.code == 0, result.err
     assert json.loads(result.out)["versions"] == ["0.0.1", "0.0.2"]
+    # --releases names them without running anything (CI keys the step on it).
+    listed = three_patches.run("matrix", "--releases")
+    assert (listed.code, listed.out.split()) == (0, ["0.0.1", "0.0.2"])
     # Serving 0.0.0 too: the default adds it, --newer (the scheduled workflow's
     # question) leaves the served older releases out.
     pin = three_patches.root / "patches" / "upstream.toml"
@@ -247,6 +250,8 @@ def test_matrix_asks_the_index_for_newer_releases(
     assert json.loads(served.out)["versions"] == ["0.0.0", "0.0.1", "0.0.2"]
     newer = three_patches.run("matrix", "--newer", "--json")
     assert json.loads(newer.out)["versions"] == ["0.0.1", "0.0.2"]
+    releases = json.loads(three_patches.run("matrix", "--releases", "--json").out)
+    assert releases == {"releases": ["0.0.0", "0.0.1", "0.0.2"]}
     # One line per finished release, with the time it took.
     assert "matrix 0.0.2: 3/3 patches apply in " in newer.err
     assert "[2/2 releases, " in newer.err
@@ -254,6 +259,7 @@ def test_matrix_asks_the_index_for_newer_releases(
     offline = three_patches.run("matrix")
     assert offline.code == 1
     assert "could not reach the package index to list sglang releases" in offline.err
+    assert three_patches.run("matrix", "--releases").code == 1
 
 
 def test_an_unchanged_scratch_tree_answers_from_its_record(

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from xpu_series.commands import Context, Output
 from xpu_series.matrix.behaviour import run_matrix
+from xpu_series.matrix.table import default_versions
 from xpu_series.result import ExitCode
+from xpu_series.stack.pin import version_tuple
 from xpu_series.ui import table
 
 HELP = "each patch on several upstream releases: applies? still needed?"
@@ -56,6 +58,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "matrix-record.json (with --behaviour; commit it: CI trusts unchanged "
         "cells from it and re-measures a seeded sample)",
     )
+    p.add_argument(
+        "--releases",
+        action="store_true",
+        help="only print the releases the matrix would compare (the pin, the "
+        "served ones and every newer one the index lists), one per line, and "
+        "exit: what the matrix reads from outside the checkout",
+    )
     p.add_argument("-j", "--jobs", type=int, default=2, help="parallel pytest runs")
     p.add_argument(
         "--markdown", action="store_true", help="print the table as markdown"
@@ -67,9 +76,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
+def _order(version: str) -> tuple[int, ...]:
+    return version_tuple(version) or (10**6,)
+
+
 def execute(ctx: Context) -> Output:
     project = ctx.project()
     args = ctx.args
+    if args.releases:
+        # The pin is never listed by the index query (it is always compared).
+        listed = sorted({project.pin.version, *default_versions(project)}, key=_order)
+        return Output(out=listed, data={"releases": listed})
     wheels = [Path(w) for w in args.wheel or []]
     matrix = run_matrix(
         project,
