@@ -169,6 +169,12 @@ def main() -> int:
     def step(text: str) -> None:
         print(f"[{time.monotonic() - start:6.1f}s] {text}", flush=True)
 
+    # No pip here compiles the ~4700 modules it installs (13 s of CPU per
+    # install, four installs): the tests on an install use bytecode primed from
+    # the cache (run_carried_tests), and the snapshots compare .pyc by name only.
+    # pip reads the variable of a `--no-` option inverted: "0" turns compiling off
+    # for this script's pips and the one docker/install-fork.sh runs.
+    os.environ["PIP_NO_COMPILE"] = "0"
     if not (TREE / ".git").exists():
         print(f"FAILED: no applied tree at {TREE}: run 'xpu-series apply' first")
         return 1
