@@ -43,6 +43,8 @@ from xpu_series.stack.wheel import fetch_wheel  # noqa: E402
 MOVES = "patches/moves/"
 # What a move commit records besides the new series: laid over its parent's patches/.
 RECORD = (MOVES, "patches/resolutions/")
+# The cache folders a rebase reads: releases, their bases, bytecode, test outcomes.
+SHARED = ("wheels", "bases", "bytecode", "outcomes")
 
 
 @dataclass(frozen=True)
@@ -148,9 +150,14 @@ def _copy(dest: Path, patches: Path) -> None:
     subprocess.run(["tar", "-x", "-C", str(dest)], input=archive.stdout, check=True)
     shutil.rmtree(dest / "patches")
     shutil.copytree(patches, dest / "patches")
-    (dest / "build").mkdir()
-    subprocess.run(["cp", "-al", str(ROOT / "build" / "cache"),
-                    str(dest / "build" / "cache")], check=True)  # fmt: skip
+    # Hard links of what a rebase reads from the cache: the rest of it (the
+    # images' root filesystems, the audit's) is tens of thousands of files.
+    cache = dest / "build" / "cache"
+    cache.mkdir(parents=True)
+    for part in SHARED:
+        if (ROOT / "build" / "cache" / part).is_dir():
+            subprocess.run(["cp", "-al", str(ROOT / "build" / "cache" / part),
+                            str(cache / part)], check=True)  # fmt: skip
 
 
 def prepare(move: Move, dest: Path) -> Path:
