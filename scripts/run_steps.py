@@ -8,11 +8,13 @@
     scripts/test -j 3            three steps at once (default: one per core)
     scripts/test --keep-going    every step, even after one failed (to time them)
 
-After bootstrap and the lints, five lanes share the cores, one step per core
+After bootstrap and the lints, six lanes share the cores, one step per core
 at a time (-j N to change): the tool's own checks (its tests, the mutants, the
 audit), the proofs on the patched tree and across releases (verify, the matrix,
 the registered tests, the replay), the real servers of the stand-in, the
-installs (overlay, wheel, image) and the upstream export with the benchmarks.
+installs (overlay, wheel, image), the upstream export with the benchmarks, and
+the tool's tests of its proofs (half of its tests, so neither half is a long
+step left to run alone at the end).
 A lane runs its steps in order, one at a time (they share folders); a free core
 goes to the lane with the most work left (each step's `cost_s`), so the longest
 lane starts first and no lane is left to run alone at the end. verify and its
@@ -111,7 +113,18 @@ class Step:
 
 
 # The lanes that run side by side once the "first" steps are done.
-LANES = ("tool", "proof", "serve", "install", "upstream")
+LANES = ("tool", "proof", "serve", "install", "upstream", "unit")
+
+# The tool's tests of its proofs (verify, its record, the matrix, the upstream
+# export): a step of their own in the "unit" lane, so the tool's tests are two
+# halves of about two minutes of CPU each, not one lane's four minutes.
+PROOF_TESTS = tuple(
+    f"test/unit/{name}.py"
+    for name in (
+        "test_proof_record", "test_verify", "test_check", "test_prefix_worker",
+        "test_upstream", "test_upstream_bundle", "test_upstream_lint",
+    )
+)  # fmt: skip
 
 
 def sh(script: str) -> tuple[str, ...]:
@@ -129,10 +142,13 @@ STEPS: tuple[Step, ...] = (
     Step("actionlint", "actionlint: .github/workflows",
          ("scripts/actionlint",), "first"),
     # The tool lane.
-    Step("tool-tests", "tool tests (test/unit) and doctests",
+    Step("tool-tests", "tool tests (test/unit but its proofs' tests) and doctests",
          (*PYTEST, "--durations=10", "--doctest-modules", "python/xpu_series",
-          "test/unit"), "tool",
-         cost_s=310),
+          "test/unit", *(f"--ignore={t}" for t in PROOF_TESTS)), "tool",
+         cost_s=150),
+    Step("proof-tool-tests",
+         "tool tests of the proofs (verify, records, matrix, upstream export)",
+         (*PYTEST, "--durations=10", *PROOF_TESTS), "unit", cost_s=130),
     Step("script-tests",
          "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
          (*PYTEST, "test/scripts"), "proof", cost_s=40),

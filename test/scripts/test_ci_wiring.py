@@ -339,13 +339,32 @@ def test_only_the_named_steps_run_and_a_wrong_name_is_refused(steps, capsys) -> 
     assert re.search(r"^two +tool +the two step$", capsys.readouterr().out, re.M)
 
 
+def test_the_two_halves_of_the_tool_tests_run_every_file_once() -> None:
+    module = load_script("run_steps.py")
+    by_tag = {s.tag: s.command for s in module.STEPS}
+    rest, proofs = by_tag["tool-tests"], by_tag["proof-tool-tests"]
+    # The proofs' half names its files; the other half runs test/unit without
+    # exactly those, so a new test file lands in one of them.
+    named = [a for a in proofs if a.startswith("test/")]
+    assert named == list(module.PROOF_TESTS) and all(
+        (ROOT / t).is_file() for t in named
+    )
+    assert "test/unit" in rest and "--doctest-modules" in rest
+    ignored = [a.removeprefix("--ignore=") for a in rest if a.startswith("--ignore=")]
+    assert ignored == named
+    every = sorted(
+        p.relative_to(ROOT).as_posix() for p in (ROOT / "test/unit").glob("test_*.py")
+    )
+    assert set(named) < set(every)
+
+
 def test_the_real_steps_cover_every_check(steps) -> None:
     real = load_script("run_steps.py").STEPS
     tags = [s.tag for s in real]
     assert len(tags) == len(set(tags))
     assert {s.lane for s in real} == {"first", *load_script("run_steps.py").LANES}
     assert load_script("run_steps.py").LANES == (
-        "tool", "proof", "serve", "install", "upstream"
+        "tool", "proof", "serve", "install", "upstream", "unit"
     )  # fmt: skip
     # bench_upstream reads upstream-check's outcomes: after it, in its lane.
     assert lane_of(real, "upstream-check") == lane_of(real, "benchmarks")
@@ -355,7 +374,8 @@ def test_the_real_steps_cover_every_check(steps) -> None:
     assert lane["verify"] == lane["matrix"]
     assert tags.index("verify") < tags.index("matrix")
     assert tags[0] == "bootstrap"
-    for check in ("lint", "hadolint", "actionlint", "tool-tests", "registered",
+    for check in ("lint", "hadolint", "actionlint", "tool-tests",
+                  "proof-tool-tests", "registered",
                   "verify", "mutants", "standin-suite", "overlay", "replay",
                   "matrix", "benchmarks", "audit", "upstream-check",
                   "image"):  # fmt: skip
