@@ -312,6 +312,22 @@ def test_check_proves_the_export(up: Project) -> None:
     assert "- [x] Formatted and linted" in pr
 
 
+def test_pr_quotes_the_mutants_once_verify_has_run_them(up: Project) -> None:
+    # Before any verify --mutants run there is nothing to quote (and nothing
+    # is made to look it up).
+    assert up.run("upstream", "0001").code == 0
+    pr = (_v(up, 1) / "pr.md").read_text()
+    assert "`xpu-series verify --mutants 0001` has no cached result" in pr
+    assert "Mutants of the added lines" not in pr
+    mutants = up.run("verify", "--mutants", "--all")
+    assert mutants.code == 0, mutants.out + mutants.err
+    # The same export: the same revision, its pr.md written again.
+    assert up.run("upstream", "0001").code == 0
+    pr = (_v(up, 1) / "pr.md").read_text()
+    assert "Mutants of the added lines (`xpu-series verify --mutants 0001`" in pr
+    assert "has no cached result" not in pr.split("Mutants of the added")[1]
+
+
 def test_tests_that_pass_on_pristine_fail_the_check(up: Project) -> None:
     test = up.root / TEST_PATH
     test.write_text(test.read_text().replace("expected())", "other.answer())"))

@@ -71,6 +71,11 @@ def _cached_counts(project: Project, tree_id: str, tests: list[str]) -> Counts |
 def _cached_mutants(
     project: Project, git: Git, parent: str, commit: str, name: str, tests: list[str]
 ) -> PatchMutants | None:
+    cache = project.cache_dir / "mutants"
+    # Making the mutants parses every file the patch changes (seconds a patch):
+    # when verify --mutants has stored no outcome at all, no key can be found.
+    if not any(cache.glob("*.json")):
+        return None
     made = patch_mutants(git, parent, commit)
     tree_id = git.out("rev-parse", f"{commit}^{{tree}}")
     h = hashlib.sha256(outcome_key(project, tree_id, list(tests)).encode())
@@ -79,7 +84,7 @@ def _cached_mutants(
     for mutant in made:
         h.update(f"\0{mutant.id}\0{mutant.path}\0".encode())
         h.update(mutant.code.encode())
-    outcomes = load_outcomes(project.cache_dir / "mutants", h.hexdigest())
+    outcomes = load_outcomes(cache, h.hexdigest())
     if outcomes is None or not made:
         return None
     accepted = {i: r for (n, i), r in load_accepted(project.root).items() if n == name}
