@@ -5,6 +5,7 @@ the operation and never the user's work (stgit's transaction, git's rebase-apply
 from __future__ import annotations
 
 import hashlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +37,8 @@ from xpu_series.stack.operation import (
 from xpu_series.stack.series import Patch, Series, load_series_for
 from xpu_series.stack.tree import (
     APPLIED_REF,
-    PIN_BASE_REF,
     UPSTREAM_TAG,
+    borrow_blobs,
     checkout_base,
     ensure_base_cache,
     materialize_base,
@@ -90,9 +91,14 @@ def _outcome_json(done: dict) -> PatchOutcome:
     )
 
 
+# A patch's `index` line: the blob it applies to (full ids, for `git am -3`).
+_PREIMAGE = re.compile(r"^index ([0-9a-f]{40})\.\.", re.M)
+
+
 def borrow_pin_objects(project: Project, git: Git) -> list[str]:
-    """Make the pinned base's blobs available so `git am -3` can merge patches
-    made against it onto another upstream. Best effort: only from the cache."""
+    """Make the pinned base's blobs that the patches apply to available so
+    `git am -3` can merge patches made against it onto another upstream. Best
+    effort: only from the cache."""
     pin = project.pin
     try:
         wheel = fetch_wheel(pin, project.cache_dir, offline=True)
@@ -101,7 +107,14 @@ def borrow_pin_objects(project: Project, git: Git) -> list[str]:
     if wheel is None:
         return ["the pinned wheel is not cached: no 3-way merge fallback"]
     cache_repo, _built = ensure_base_cache(wheel, pin, project.cache_dir)
-    git.run("fetch", "-q", str(cache_repo), f"+refs/tags/{UPSTREAM_TAG}:{PIN_BASE_REF}")
+    # Every patch file under patches/ (retired ones too: an older release may
+    # still carry them); a blob the base lacks is one a lower patch made.
+    wanted = {
+        found
+        for path in sorted(project.patches_dir.rglob("*.patch"))
+        for found in _PREIMAGE.findall(path.read_text(errors="replace"))
+    }
+    borrow_blobs(git, cache_repo, wanted)
     return []
 
 

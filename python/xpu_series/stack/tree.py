@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from xpu_series.errors import TreeError
-from xpu_series.git import Git
+from xpu_series.git import Git, read_blobs
 from xpu_series.stack.pin import Pin
 from xpu_series.stack.wheel import FetchedWheel, wheel_files
 
@@ -77,6 +77,48 @@ def _fast_import_stream(wheel: FetchedWheel, pin: Pin) -> Iterator[bytes]:
     yield b"data %d\n%s\n" % (len(message.encode()), message.encode())
     yield from entries
     yield b"\n"
+
+
+def borrow_blobs(git: Git, cache_repo: Path, wanted: set[str]) -> int:
+    """Copy the blobs of `wanted` the base cache holds into `git`'s repository,
+    kept as the tree of a commit at PIN_BASE_REF; how many. A 3-way `git am`
+    reads only the blobs a patch names in its `index` lines: copying those, not
+    the whole base (a pack of every file, made and indexed again per tree)."""
+    listed = (
+        Git(cache_repo)
+        .run(
+            "cat-file",
+            "--batch-check",
+            input_text="".join(f"{b}\n" for b in sorted(wanted)),
+        )
+        .stdout
+    )
+    found = [
+        f[0]
+        for f in (line.split() for line in listed.splitlines())
+        if f[1:2] == ["blob"]
+    ]
+    if not found:
+        return 0
+    blobs = read_blobs(cache_repo, found)
+
+    def stream() -> Iterator[bytes]:
+        who = b"xpu-series <xpu-series@localhost> %d +0000" % _BASE_EPOCH
+        message = b"blobs of the pinned base that the patches apply to\n"
+        yield b"commit %s\ncommitter %s\n" % (PIN_BASE_REF.encode(), who)
+        yield b"data %d\n%s\n" % (len(message), message)
+        for blob, data in sorted(blobs.items()):
+            yield b"M 100644 inline %s/%s\ndata %d\n" % (
+                blob[:2].encode(),
+                blob[2:].encode(),
+                len(data),
+            )
+            yield data
+            yield b"\n"
+        yield b"\n"
+
+    git.feed(["fast-import", "--quiet", "--force"], stream())
+    return len(blobs)
 
 
 def ensure_base_cache(wheel: FetchedWheel, pin: Pin, cache: Path) -> tuple[Path, bool]:
