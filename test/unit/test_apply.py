@@ -448,3 +448,26 @@ def test_apply_tells_a_line_per_patch_off_a_terminal(three_patches, tmp_path) ->
     # --json: the result only, on stdout; no progress on stderr.
     quiet = three_patches.run("apply", "--tree", str(tmp_path / "other"), "--json")
     assert quiet.code == 0 and "[1/3]" not in quiet.err
+
+
+def test_a_tree_on_another_upstream_borrows_only_blobs_of_the_base(
+    project: Project, tmp_path: Path
+) -> None:
+    from xpu_series.git import Git
+    from xpu_series.stack.tree import PIN_BASE_REF, borrow_blobs
+
+    (cache_repo,) = (project.root / "build/cache/bases").glob("*.git")
+    other = Git(tmp_path / "other")
+    git(tmp_path, "init", "-q", "other")
+    known = git(project.tree, "rev-parse", "upstream:python/sglang/srt/flags.py")
+    # A blob a lower patch made is not in the base: it is left out, not an error.
+    made = "0" * 40
+    assert borrow_blobs(other, cache_repo, {known, made}) == 1
+    assert (
+        other.out("cat-file", "-p", known) == BASE_FILES["sglang/srt/flags.py"].strip()
+    )
+    # Kept by the ref, so no gc takes it while the tree is merged into.
+    assert other.out("ls-tree", "-r", "--name-only", PIN_BASE_REF) == (
+        f"{known[:2]}/{known[2:]}"
+    )
+    assert borrow_blobs(other, cache_repo, {made}) == 0
