@@ -5,16 +5,16 @@
     scripts/test --list          the steps and their lanes
     scripts/test lint verify     only these steps (after bootstrap)
     scripts/test --serial        one step at a time (lanes one after another)
-    scripts/test -j 3            three steps at once (default: one per core)
+    scripts/test -j 2            two steps at once (default: one more than cores)
     scripts/test --keep-going    every step, even after one failed (to time them)
 
-After bootstrap and the lints, six lanes share the cores, one step per core
-at a time (-j N to change): the tool's own checks (its tests, the mutants, the
-audit), the proofs on the patched tree and across releases (verify, the matrix,
-the registered tests, the replay), the real servers of the stand-in, the
-installs (overlay, wheel, image), the upstream export with the benchmarks, and
-the tool's tests of its proofs (half of its tests, so neither half is a long
-step left to run alone at the end).
+After bootstrap and the lints, six lanes share the cores, one step more than
+there are cores at a time (-j N to change): the tool's own checks (its tests,
+the mutants, the audit), the proofs on the patched tree and across releases
+(verify, the matrix, the registered tests, the replay), the real servers of the
+stand-in, the installs (overlay, wheel, image), the upstream export with the
+benchmarks, and the tool's tests of its proofs (half of its tests, so neither
+half is a long step left to run alone at the end).
 A lane runs its steps in order, one at a time (they share folders); a free core
 goes to the lane with the most work left (each step's `cost_s`), so the longest
 lane starts first and no lane is left to run alone at the end. verify and its
@@ -108,7 +108,7 @@ class Step:
     # the step runs and its pass is not remembered.
     key_from: tuple[str, ...] = ()
     # CPU seconds of a cold run on two cores (build/reports/steps.json of a clean
-    # clone): only the order in which lanes get a core depends on it.
+    # clone, 94b36f5): only the order in which lanes get a core depends on it.
     cost_s: int = 60
 
 
@@ -145,10 +145,10 @@ STEPS: tuple[Step, ...] = (
     Step("tool-tests", "tool tests (test/unit but its proofs' tests) and doctests",
          (*PYTEST, "--durations=10", "--doctest-modules", "python/xpu_series",
           "test/unit", *(f"--ignore={t}" for t in PROOF_TESTS)), "tool",
-         cost_s=150),
+         cost_s=100),
     Step("proof-tool-tests",
          "tool tests of the proofs (verify, records, matrix, upstream export)",
-         (*PYTEST, "--durations=10", *PROOF_TESTS), "unit", cost_s=130),
+         (*PYTEST, "--durations=10", *PROOF_TESTS), "unit", cost_s=140),
     Step("script-tests",
          "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
          (*PYTEST, "test/scripts"), "proof", cost_s=40),
@@ -159,29 +159,29 @@ STEPS: tuple[Step, ...] = (
          "refresh --check: patches/ is byte for byte what refresh writes from the tree",
          (".venv/bin/xpu-series", "refresh", "--check"), "tool", cost_s=1),
     Step("verify", "verify: every patch is proven",
-         (".venv/bin/xpu-series", "verify"), "proof", cost_s=50),
+         (".venv/bin/xpu-series", "verify"), "proof", cost_s=40),
     # After verify in its lane: the pin's runs come from verify's outcomes.
     Step("matrix",
          "behavioural matrix: each served release (serves-from..pin) and every newer "
          "one (build/reports/)",
-         sh(MATRIX), "proof", cost_s=110,
+         sh(MATRIX), "proof", cost_s=80,
          key_from=(".venv/bin/xpu-series", "matrix", "--releases")),
     Step("mutants",
          "verify --mutants: each patch's tests kill every mutant of the lines it adds",
-         (".venv/bin/xpu-series", "verify", "--mutants"), "tool", cost_s=60),
+         (".venv/bin/xpu-series", "verify", "--mutants"), "tool", cost_s=45),
     Step("registered",
          "registered CPU tests on the patched tree (test/registered/unit)",
-         (*PYTEST, "--durations=8", "test/registered/unit"), "proof", cost_s=150),
+         (*PYTEST, "--durations=8", "test/registered/unit"), "proof", cost_s=110),
     Step("audit",
          "audit: no exposed CUDA-only finding on the patched tree (--check); the "
          "pristine pin's report; SARIF; the known bugs found in real releases",
-         sh(AUDIT), "tool", cost_s=40),
+         sh(AUDIT), "tool", cost_s=25),
     # The serving lane: real servers of the stand-in.
     Step("standin-suite",
          "XPU chunked-prefill suite on the CPU stand-in (real SGLang servers; see "
          "its README)",
          (*PYTEST, "-rs", "--durations=8", "test/manual/chunked_prefill"), "serve",
-         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=55),
+         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=45),
     Step("xpu-suites",
          "XPU suites (test/manual, test/registered/e2e): import, collect, skip "
          "with reasons",
@@ -191,27 +191,27 @@ STEPS: tuple[Step, ...] = (
     Step("standin-scripts",
          "measurement and serving scripts against real servers on the CPU stand-in "
          "(test/standin)",
-         (*PYTEST, "-rs", "--durations=5", "test/standin"), "serve", cost_s=220),
+         (*PYTEST, "-rs", "--durations=5", "test/standin"), "serve", cost_s=160),
     # The install lane: real pip installs and images of real releases.
     Step("overlay",
          "overlay: the fork installed into a real pip install of each served release "
          "(docker/install-fork.sh)",
-         (PY, "scripts/check_overlay.py"), "install", cost_s=80),
+         (PY, "scripts/check_overlay.py"), "install", cost_s=55),
     Step("wheel",
          "wheel: the patched sglang as a pip wheel (built twice, byte-identical), "
          "installed in a fresh venv and over the stock release, the patches' fast "
          "tests on the install, uninstall leaves nothing",
-         (PY, "scripts/check_wheel.py"), "install", cost_s=115),
+         (PY, "scripts/check_wheel.py"), "install", cost_s=40),
     Step("replay",
          "replay the last move (patches/moves/, patches/resolutions/) from git "
          "history: byte for byte",
-         (PY, "scripts/replay_move.py"), "proof", cost_s=20),
+         (PY, "scripts/replay_move.py"), "proof", cost_s=10),
     Step("image",
          "image: docker/Dockerfile built with buildah as xpu-serve --fork builds it, "
          "on a stand-in for the official XPU image (overlay: pin and oldest served "
          "release; wheel: the pin); "
          "a broken base must fail it",
-         (PY, "scripts/check_image.py"), "install", cost_s=85),
+         (PY, "scripts/check_image.py"), "install", cost_s=75),
     Step("upstream-check",
          "upstream --check: each carried patch and declared bundle exports as an "
          "upstream pull request "
@@ -219,11 +219,11 @@ STEPS: tuple[Step, ...] = (
          # One invocation: one test interpreter for every patch (torch and
          # sglang's imports load once, not twice per patch).
          (".venv/bin/xpu-series", "upstream", "--all", "--check"), "upstream",
-         cost_s=80),
+         cost_s=55),
     # After upstream-check in its lane: bench_upstream reads its outcomes. Its
     # quick mode of bench_ci reads the steps the run has timed so far.
     Step("benchmarks", "benchmarks, quick mode: every scripts/bench_*.py still runs",
-         (PY, "scripts/bench_ci.py", "--quick-all"), "upstream", cost_s=140),
+         (PY, "scripts/bench_ci.py", "--quick-all"), "upstream", cost_s=95),
 )  # fmt: skip
 
 
@@ -634,8 +634,10 @@ def main(argv: list[str]) -> int:
         "-j",
         "--jobs",
         type=int,
-        default=os.cpu_count() or 1,
-        help="steps that run at once (default: one per core)",
+        # One more than the cores: steps wait on servers, sockets and timeouts
+        # (a cold run at one per core left 150 core-seconds idle, measured).
+        default=(os.cpu_count() or 1) + 1,
+        help="steps that run at once (default: one more than the cores)",
     )
     args = parser.parse_args(argv)
     if args.list:
