@@ -5,16 +5,16 @@
     scripts/test --list          the steps and their lanes
     scripts/test lint verify     only these steps (after bootstrap)
     scripts/test --serial        one step at a time (lanes one after another)
-    scripts/test -j 2            two steps at once (default: one more than cores)
+    scripts/test -j 3            three steps at once (default: one per core)
     scripts/test --keep-going    every step, even after one failed (to time them)
 
-After bootstrap and the lints, six lanes share the cores, one step more than
-there are cores at a time (-j N to change): the tool's own checks (its tests,
-the mutants, the audit), the proofs on the patched tree and across releases
-(verify, the matrix, the registered tests, the replay), the real servers of the
-stand-in, the installs (overlay, wheel, image), the upstream export with the
-benchmarks, and the tool's tests of its proofs (half of its tests, so neither
-half is a long step left to run alone at the end).
+After bootstrap and the lints, six lanes share the cores, one step per core at
+a time (-j N to change): the tool's own checks (its tests, the mutants, the
+audit), the proofs on the patched tree and across releases (verify, the matrix,
+the registered tests, the replay), the real servers of the stand-in, the
+installs (overlay, wheel, image), the upstream export with the benchmarks, and
+the tool's tests of its proofs (half of its tests, so neither half is a long
+step left to run alone at the end).
 A lane runs its steps in order, one at a time (they share folders); a free core
 goes to the lane with the most work left (each step's `cost_s`), so the longest
 lane starts first and no lane is left to run alone at the end. verify and its
@@ -33,20 +33,21 @@ Standard library only: it runs before .venv exists.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import ctypes
 import hashlib
 import json
 import os
 import random
 import shutil
-import signal
 import subprocess
 import sys
 import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+
+# Its sibling, wherever this file is loaded from (scripts/test, the tests).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from step_processes import reap, stop_group, wait_counted  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "build" / "reports"
@@ -408,7 +409,7 @@ def _run_process(
 
     def past_limit() -> None:
         stopped.set()
-        _stop(proc)
+        stop_group(proc)
 
     timer = threading.Timer(step.limit_s, past_limit)
     timer.start()
@@ -417,7 +418,7 @@ def _run_process(
         for raw in proc.stdout:
             log.write(raw)
             run.say(f"[{step.tag}] {raw.decode(errors='replace').rstrip()}")
-    code, outcome.cpu_s, outcome.sys_s = _wait(proc)
+    code, outcome.cpu_s, outcome.sys_s = wait_counted(proc)
     timer.cancel()
     with run.lock:
         run.procs.discard(proc)
@@ -483,85 +484,6 @@ def run_lanes(run: Run, lanes: list[list[Step]], jobs: int) -> None:
         worker.start()
     for worker in workers:
         worker.join()
-
-
-def _wait(proc: subprocess.Popen[bytes]) -> tuple[int, float, float]:
-    """The exit code, CPU seconds and system seconds of the process and what it
-    waited for (wait4's rusage: per step, where the whole run's would mix the
-    lanes)."""
-    while True:
-        try:
-            _pid, status, usage = os.wait4(proc.pid, 0)
-            break
-        except InterruptedError:
-            continue
-        except ChildProcessError:  # reaped elsewhere: no rusage to read
-            return proc.wait(), 0.0, 0.0
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, usage.ru_utime + usage.ru_stime, usage.ru_stime
-
-
-# prctl(2): orphans of this process's descendants are reparented to it.
-_PR_SET_CHILD_SUBREAPER = 36
-# How long what a step leaves running may go on before it is stopped.
-GRACE_ENV = "XPU_SERIES_LEFTOVER_GRACE_S"
-LEFTOVER_GRACE_S = 20.0
-
-
-def reap(command: list[str]) -> int:
-    """Run a step's command as a child subreaper: a process it starts whose
-    parent dies first (a server's scheduler, a stopped test's workers) comes
-    back here and is waited for, so the step's CPU counts it (wait4 sees only
-    what was waited for) and none outlives the step: what still runs
-    LEFTOVER_GRACE_S after the command ended is stopped. The command's exit
-    code is the step's."""
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
-    except (OSError, AttributeError):
-        pass  # not Linux: orphans go to init, as before
-    try:
-        proc = subprocess.Popen(command)
-    except OSError as exc:
-        print(f"cannot run {command[0]}: {exc.strerror}", file=sys.stderr)
-        return 127
-    code = proc.wait()
-    grace = float(os.environ.get(GRACE_ENV) or LEFTOVER_GRACE_S)
-    deadline, stopped = time.monotonic() + grace, False
-    while True:
-        try:
-            if os.waitpid(-1, os.WNOHANG)[0]:
-                continue
-        except ChildProcessError:
-            return code
-        if time.monotonic() > deadline and not stopped:
-            left = _children()
-            print(f"note: {len(left)} process(es) outlived the step: stopped",
-                  file=sys.stderr)  # fmt: skip
-            for child in left:
-                with contextlib.suppress(ProcessLookupError):
-                    os.kill(child, signal.SIGKILL)
-            stopped = True
-        time.sleep(0.1)
-
-
-def _children() -> list[int]:
-    """This process's children (Linux: the 4th field of /proc/PID/stat)."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        with contextlib.suppress(OSError, IndexError):
-            if stat.read_text().rsplit(")", 1)[1].split()[1] == str(os.getpid()):
-                found.append(int(stat.parent.name))
-    return found
-
-
-def _stop(proc: subprocess.Popen[bytes]) -> None:
-    try:
-        os.killpg(proc.pid, signal.SIGTERM)
-        time.sleep(5)
-        os.killpg(proc.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
 
 
 def _clock(seconds: float) -> str:
@@ -634,10 +556,8 @@ def main(argv: list[str]) -> int:
         "-j",
         "--jobs",
         type=int,
-        # One more than the cores: steps wait on servers, sockets and timeouts
-        # (a cold run at one per core left 150 core-seconds idle, measured).
-        default=(os.cpu_count() or 1) + 1,
-        help="steps that run at once (default: one more than the cores)",
+        default=os.cpu_count() or 1,
+        help="steps that run at once (default: one per core)",
     )
     args = parser.parse_args(argv)
     if args.list:
@@ -677,7 +597,7 @@ def main(argv: list[str]) -> int:
         run.failed.set()
         with run.lock:
             for proc in run.procs:
-                _stop(proc)
+                stop_group(proc)
         run.say("\ninterrupted")
     run.save()
     (REPORTS / "steps.md").write_text(markdown(run))
