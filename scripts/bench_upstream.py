@@ -18,7 +18,6 @@ Run: .venv/bin/python scripts/bench_upstream.py [PATCH ...] [--runs 3] [--tree D
 from __future__ import annotations
 
 import argparse
-import json
 import resource
 import shutil
 import statistics
@@ -29,7 +28,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CLI = [sys.executable, "-m", "xpu_series", "-C", str(ROOT)]
-RECORD = "upstream-checks.json"  # in patches/: each export's last full check
+sys.path.insert(0, str(ROOT / "python"))
+
+from xpu_series.errors import XpuSeriesError  # noqa: E402
+from xpu_series.upstream.record import load_checks  # noqa: E402
 
 
 def carried() -> list[str]:
@@ -42,12 +44,12 @@ def quickest(patches: list[str]) -> str:
     the record stands for most exports, so their outcomes are rarely stored and
     the quick run is a cold one."""
     try:
-        checks = json.loads((ROOT / "patches" / RECORD).read_text())["checks"]
-    except (OSError, ValueError, KeyError):
-        return patches[0]
+        checks = load_checks(ROOT / "patches") or {}
+    except XpuSeriesError:
+        checks = {}
     seconds = {
-        name[:4]: float(entry.get("result", {}).get("seconds", 1e9))
-        for name, entry in checks.items()
+        name[:4]: float(kept.result.get("seconds", 1e9))
+        for name, kept in checks.items()
     }
     return min(patches, key=lambda p: seconds.get(p, 1e9))
 

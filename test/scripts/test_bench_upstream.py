@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 from conftest import load_script
 
+from xpu_series.upstream.record import FORMAT, RECORD
+
 bench = load_script("bench_upstream.py")
 
 
@@ -18,7 +20,9 @@ def _record(root: Path, seconds: dict[str, float]) -> None:
         for name, value in seconds.items()
     }
     (root / "patches").mkdir(parents=True)
-    (root / "patches" / bench.RECORD).write_text(json.dumps({"checks": checks}))
+    (root / "patches" / RECORD).write_text(
+        json.dumps({"format": FORMAT, "checks": checks})
+    )
 
 
 def test_quick_takes_the_patch_whose_recorded_check_was_shortest(
@@ -38,5 +42,5 @@ def test_without_a_record_quick_takes_the_first_patch(
     monkeypatch.setattr(bench, "ROOT", tmp_path)
     assert bench.quickest(["0003", "0005"]) == "0003"
     (tmp_path / "patches").mkdir()
-    (tmp_path / "patches" / bench.RECORD).write_text("not json")
+    (tmp_path / "patches" / RECORD).write_text("not json")
     assert bench.quickest(["0003", "0005"]) == "0003"

@@ -312,10 +312,19 @@ def test_check_proves_the_export(up: Project) -> None:
     assert "- [x] Formatted and linted" in pr
 
 
-def test_pr_quotes_the_mutants_once_verify_has_run_them(up: Project) -> None:
-    # Before any verify --mutants run there is nothing to quote (and nothing
-    # is made to look it up).
-    assert up.run("upstream", "0001").code == 0
+def test_pr_quotes_the_mutants_once_verify_has_run_them(
+    up: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before any verify --mutants run there is nothing to quote, and no mutant
+    # is made to look it up.
+    from xpu_series.upstream import pr
+
+    def made(*_args: object) -> None:
+        raise AssertionError("mutants made with no outcome stored")
+
+    with monkeypatch.context() as patched:
+        patched.setattr(pr, "patch_mutants", made)
+        assert up.run("upstream", "0001").code == 0
     pr = (_v(up, 1) / "pr.md").read_text()
     assert "`xpu-series verify --mutants 0001` has no cached result" in pr
     assert "Mutants of the added lines" not in pr

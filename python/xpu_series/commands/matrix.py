@@ -18,9 +18,8 @@ from pathlib import Path
 
 from xpu_series.commands import Context, Output
 from xpu_series.matrix.behaviour import run_matrix
-from xpu_series.matrix.table import default_versions
+from xpu_series.matrix.table import compared_releases, default_versions
 from xpu_series.result import ExitCode
-from xpu_series.stack.pin import version_tuple
 from xpu_series.ui import table
 
 HELP = "each patch on several upstream releases: applies? still needed?"
@@ -76,16 +75,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
 
 
-def _order(version: str) -> tuple[int, ...]:
-    return version_tuple(version) or (10**6,)
-
-
 def execute(ctx: Context) -> Output:
     project = ctx.project()
     args = ctx.args
     if args.releases:
-        # The pin is never listed by the index query (it is always compared).
-        listed = sorted({project.pin.version, *default_versions(project)}, key=_order)
+        listed = compared_releases(project, default_versions(project))
         return Output(out=listed, data={"releases": listed})
     wheels = [Path(w) for w in args.wheel or []]
     matrix = run_matrix(

@@ -33,7 +33,9 @@ from xpu_series.matrix.table import (
     Matrix,
     PatchRow,
     classify,
+    compared_releases,
     default_versions,
+    release_order,
     wheel_version,
 )
 from xpu_series.project import Project
@@ -390,7 +392,7 @@ def _conclude(project: Project, matrix: Matrix) -> None:
     }
     # Oldest first: a retired patch is no longer needed from its release, a
     # carried one from the first newer release that has it.
-    ordered = sorted(matrix.versions, key=lambda v: version_tuple(v) or (10**6,))
+    ordered = sorted(matrix.versions, key=release_order)
     for row in matrix.rows_:
         for version in ordered:
             if row.text.get(version) == str(PatchStatus.ABSORBED):
@@ -460,12 +462,7 @@ def run_matrix(
         if newer:
             pin = version_tuple(project.pin.version) or ()
             asked = [v for v in asked if (version_tuple(v) or ()) > pin]
-    wanted = [project.pin.version]
-    for version in asked:
-        if version not in wanted:
-            wanted.append(version)
-    # Oldest first: the served releases, the pin, then the newer ones.
-    wanted.sort(key=lambda v: version_tuple(v) or (10**6,))
+    wanted = compared_releases(project, asked)
     matrix = Matrix(behaviour=behaviour, pin=project.pin.version)
     # One row per patch any of these releases carries (retired patches appear
     # on the older releases that still need them), in series order.

@@ -118,6 +118,23 @@ def wheel_version(path: Path, project: str) -> str:
     return path.name[len(prefix) :].split("-", 1)[0]
 
 
+def release_order(version: str) -> tuple[int, ...]:
+    """Sort key of releases: by number, what is not X.Y.Z last.
+
+    >>> sorted(["0.5.23", "dev", "0.5.9"], key=release_order)
+    ['0.5.9', '0.5.23', 'dev']
+    """
+    return version_tuple(version) or (10**6,)
+
+
+def compared_releases(project: Project, asked: list[str]) -> list[str]:
+    """The releases a matrix compares: the pin and `asked`, each once, oldest
+    first (the served releases, the pin, then the newer ones)."""
+    wanted = [project.pin.version]
+    wanted += [v for v in dict.fromkeys(asked) if v != project.pin.version]
+    return sorted(wanted, key=release_order)
+
+
 def default_versions(project: Project) -> list[str]:
     """Every release the series serves (from the pin's `serves-from`) and every
     newer one the index lists (plain X.Y.Z releases), oldest first."""

@@ -19,6 +19,15 @@ _INDEX = re.compile(r"^index ([0-9a-f]+)\.\.([0-9a-f]+)(?: [0-7]+)?$")
 ZERO_BLOB = "0" * 40
 
 
+def preimages(text: str) -> set[str]:
+    """The blob ids a patch's `index OLD..NEW` lines name as what it applies to.
+
+    >>> sorted(preimages("index 1a2b..3c4d 100644\\n--- a/x\\nindex 5e6f..7a8b\\n"))
+    ['1a2b', '5e6f']
+    """
+    return {m.group(1) for line in text.splitlines() if (m := _INDEX.match(line))}
+
+
 def blob_id(data: bytes) -> str:
     """The git blob id of `data` (what `git hash-object` prints).
 

@@ -5,7 +5,6 @@ the operation and never the user's work (stgit's transaction, git's rebase-apply
 from __future__ import annotations
 
 import hashlib
-import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -28,6 +27,7 @@ from xpu_series.stack.engine import (
     stop_with_markers,
 )
 from xpu_series.stack.handwork import EDIT_STOP, HandSteps
+from xpu_series.stack.hunks import preimages
 from xpu_series.stack.operation import (
     ORIG_HEAD_REF,
     ORIG_UPSTREAM_REF,
@@ -91,10 +91,6 @@ def _outcome_json(done: dict) -> PatchOutcome:
     )
 
 
-# A patch's `index` line: the blob it applies to (full ids, for `git am -3`).
-_PREIMAGE = re.compile(r"^index ([0-9a-f]{40})\.\.", re.M)
-
-
 def borrow_pin_objects(project: Project, git: Git) -> list[str]:
     """Make the pinned base's blobs that the patches apply to available so
     `git am -3` can merge patches made against it onto another upstream. Best
@@ -110,9 +106,9 @@ def borrow_pin_objects(project: Project, git: Git) -> list[str]:
     # Every patch file under patches/ (retired ones too: an older release may
     # still carry them); a blob the base lacks is one a lower patch made.
     wanted = {
-        found
+        blob
         for path in sorted(project.patches_dir.rglob("*.patch"))
-        for found in _PREIMAGE.findall(path.read_text(errors="replace"))
+        for blob in preimages(path.read_text(errors="replace"))
     }
     borrow_blobs(git, cache_repo, wanted)
     return []

@@ -23,6 +23,7 @@ PIN_BASE_REF = "refs/xpu-series/pin-base"
 RECORD = "xpu-series.json"
 # A fixed date makes the base commit id a function of the wheel's content alone.
 _BASE_EPOCH = 946684800  # 2000-01-01T00:00:00Z
+_WHO = b"xpu-series <xpu-series@localhost> %d +0000" % _BASE_EPOCH
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,8 @@ def _fast_import_stream(wheel: FetchedWheel, pin: Pin) -> Iterator[bytes]:
         mode = b"100755" if executable else b"100644"
         entries.append(b"M %s :%d %s\n" % (mode, mark, path.encode()))
     message = f"{pin.project} {wheel.version} (wheel sha256 {wheel.sha256})\n"
-    who = b"xpu-series <xpu-series@localhost> %d +0000" % _BASE_EPOCH
     yield b"commit refs/tags/%s\n" % UPSTREAM_TAG.encode()
-    yield b"author %s\ncommitter %s\n" % (who, who)
+    yield b"author %s\ncommitter %s\n" % (_WHO, _WHO)
     yield b"data %d\n%s\n" % (len(message.encode()), message.encode())
     yield from entries
     yield b"\n"
@@ -103,9 +103,8 @@ def borrow_blobs(git: Git, cache_repo: Path, wanted: set[str]) -> int:
     blobs = read_blobs(cache_repo, found)
 
     def stream() -> Iterator[bytes]:
-        who = b"xpu-series <xpu-series@localhost> %d +0000" % _BASE_EPOCH
         message = b"blobs of the pinned base that the patches apply to\n"
-        yield b"commit %s\ncommitter %s\n" % (PIN_BASE_REF.encode(), who)
+        yield b"commit %s\ncommitter %s\n" % (PIN_BASE_REF.encode(), _WHO)
         yield b"data %d\n%s\n" % (len(message), message)
         for blob, data in sorted(blobs.items()):
             yield b"M 100644 inline %s/%s\ndata %d\n" % (
