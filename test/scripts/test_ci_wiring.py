@@ -344,18 +344,21 @@ def test_the_two_halves_of_the_tool_tests_run_every_file_once() -> None:
     by_tag = {s.tag: s.command for s in module.STEPS}
     rest, proofs = by_tag["tool-tests"], by_tag["proof-tool-tests"]
     # The proofs' half names its files; the other half runs test/unit without
-    # exactly those, so a new test file lands in one of them.
+    # exactly those and the audit's (the audit step runs them), so a new test
+    # file lands in one of them.
     named = [a for a in proofs if a.startswith("test/")]
     assert named == list(module.PROOF_TESTS) and all(
         (ROOT / t).is_file() for t in named
     )
     assert "test/unit" in rest and "--doctest-modules" in rest
     ignored = [a.removeprefix("--ignore=") for a in rest if a.startswith("--ignore=")]
-    assert ignored == named
+    assert ignored == [*named, module.AUDIT_TESTS]
+    audit = by_tag["audit"][-1]
+    assert f"pytest -q -p no:cacheprovider -rs {module.AUDIT_TESTS}\n" in audit
     every = sorted(
         p.relative_to(ROOT).as_posix() for p in (ROOT / "test/unit").glob("test_*.py")
     )
-    assert set(named) < set(every)
+    assert set(named) < set(every) and module.AUDIT_TESTS in every
 
 
 def test_the_real_steps_cover_every_check(steps) -> None:

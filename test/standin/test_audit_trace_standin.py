@@ -45,6 +45,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ["git", "-C", str(dest), "checkout", "-q", "upstream"],
     ):
         subprocess.run(args, check=True, capture_output=True, timeout=600)
+    # Bytecode is not a local edit here either, so the trace primes the clone
+    # from the cache (a server compiling sglang's modules costs most of a minute).
+    (dest / ".git" / "info" / "exclude").write_text("__pycache__/\n*.py[co]\n")
     return dest
 
 
