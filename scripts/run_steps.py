@@ -5,7 +5,8 @@
     scripts/test --list          the steps and their lanes
     scripts/test lint verify     only these steps (after bootstrap)
     scripts/test --serial        one step at a time (lanes one after another)
-    scripts/test -j 3            three steps at once (default: one per core)
+    scripts/test -j 3            three steps at once (default: one per core),
+                                 and one more that mostly waits (not at -j 1)
     scripts/test --keep-going    every step, even after one failed (to time them)
 
 After bootstrap and the lints, six lanes share the cores, one step per core at
@@ -14,7 +15,9 @@ audit), the proofs on the patched tree and across releases (verify, the matrix,
 the registered tests, the replay), the real servers of the stand-in, the
 installs (overlay, wheel, image), the upstream export with the benchmarks, and
 the tool's tests of its proofs (half of its tests, so neither half is a long
-step left to run alone at the end).
+step left to run alone at the end). A step that mostly waits (`waits`: its
+servers start and stop, its tests prove timeouts) may run beside them as one
+step more, so its waits do not leave a core idle.
 A lane runs its steps in order, one at a time (they share folders); a free core
 goes to the lane with the most work left (each step's `cost_s`), so the longest
 lane starts first and no lane is left to run alone at the end. verify and its
@@ -115,6 +118,10 @@ class Step:
     # CPU seconds of a cold run on two cores (build/reports/steps.json of a clean
     # clone, 94b36f5): only the order in which lanes get a core depends on it.
     cost_s: int = 60
+    # Mostly waits (servers it starts and stops, timeouts its tests prove): it
+    # kept under two thirds of a core busy over a cold run. Such a step may run
+    # as one step more than the cores, so that its waits do not idle a core.
+    waits: bool = False
 
 
 # The lanes that run side by side once the "first" steps are done.
@@ -158,7 +165,7 @@ STEPS: tuple[Step, ...] = (
          (*PYTEST, "--durations=10", *PROOF_TESTS), "unit", cost_s=140),
     Step("script-tests",
          "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
-         (*PYTEST, "test/scripts"), "proof", cost_s=40),
+         (*PYTEST, "test/scripts"), "proof", cost_s=40, waits=True),
     Step("registration",
          "registration: every registered file is registered; nothing under test/manual",
          (PY, "scripts/check_registration.py"), "tool", cost_s=6),
@@ -188,7 +195,7 @@ STEPS: tuple[Step, ...] = (
          "XPU chunked-prefill suite on the CPU stand-in (real SGLang servers; see "
          "its README)",
          (*PYTEST, "-rs", "--durations=8", "test/manual/chunked_prefill"), "serve",
-         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=45),
+         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=45, waits=True),
     Step("xpu-suites",
          "XPU suites (test/manual, test/registered/e2e): import, collect, skip "
          "with reasons",
@@ -447,25 +454,37 @@ def _run_process(
 
 
 def run_lanes(run: Run, lanes: list[list[Step]], jobs: int) -> None:
-    """Up to `jobs` steps at once, each lane's in its order and one at a time.
-    A free slot goes to the ready lane with the most cost_s left: the longest
+    """Up to `jobs` steps at once, each lane's in its order and one at a time,
+    and with two jobs or more, one step more if it `waits`. A free slot goes to
+    the ready lane with the most cost_s left whose next step fits: the longest
     lane starts first, so the run ends when the cores run out of work, not when
     a lane started late is left to run alone. A fault of this runner fails the
     run, loudly."""
     pending = [list(lane) for lane in lanes]
-    busy = [False] * len(pending)
+    busy: list[Step | None] = [None] * len(pending)
     turn = threading.Condition()
+    slots = max(1, jobs) + (1 if jobs > 1 else 0)
+
+    def fits(step: Step) -> bool:
+        running = [s for s in busy if s is not None]
+        if len(running) >= slots:
+            return False
+        return step.waits or sum(not s.waits for s in running) < max(1, jobs)
 
     def take() -> tuple[int, Step] | None:
         with turn:
             while True:
-                ready = [i for i, left in enumerate(pending) if left and not busy[i]]
+                ready = [
+                    i
+                    for i, left in enumerate(pending)
+                    if left and busy[i] is None and fits(left[0])
+                ]
                 if ready:
                     # max() keeps the first of equals: the lanes' own order.
                     i = max(ready, key=lambda k: sum(s.cost_s for s in pending[k]))
-                    busy[i] = True
-                    return i, pending[i].pop(0)
-                if not any(busy):
+                    busy[i] = step = pending[i].pop(0)
+                    return i, step
+                if all(s is None for s in busy):
                     return None
                 turn.wait()
 
@@ -482,10 +501,10 @@ def run_lanes(run: Run, lanes: list[list[Step]], jobs: int) -> None:
                 run.say(f"error: the step runner failed: {exc!r}")
             finally:
                 with turn:
-                    busy[lane] = False
+                    busy[lane] = None
                     turn.notify_all()
 
-    workers = [threading.Thread(target=work) for _ in range(max(1, jobs))]
+    workers = [threading.Thread(target=work) for _ in range(slots)]
     for worker in workers:
         worker.start()
     for worker in workers:
@@ -563,12 +582,14 @@ def main(argv: list[str]) -> int:
         "--jobs",
         type=int,
         default=os.cpu_count() or 1,
-        help="steps that run at once (default: one per core)",
+        help="steps that run at once (default: one per core); with two or more, "
+        "a step that mostly waits may run as one more",
     )
     args = parser.parse_args(argv)
     if args.list:
         for step in STEPS:
-            print(f"{step.tag:16} {step.lane:6} {step.title}")
+            waits = " (mostly waits: may run as one step more)" if step.waits else ""
+            print(f"{step.tag:16} {step.lane:6} {step.title}{waits}")
         return 0
     known = {s.tag for s in STEPS}
     unknown = [s for s in args.steps if s not in known]

@@ -497,6 +497,55 @@ def test_steps_run_one_per_core_and_the_lanes_keep_their_order(
     assert most_at_once()[0] == 2
 
 
+def test_a_step_that_waits_runs_as_one_step_more_than_the_cores(
+    steps, tmp_path: Path
+) -> None:
+    # Four lanes, each a step that sleeps; two of them mostly wait.
+    log = tmp_path / "build" / "spans"
+    log.parent.mkdir()
+    note = f'echo "$TAG start $(date +%s.%N)" >>{log}; sleep 0.4; '
+    note += f'echo "$TAG end $(date +%s.%N)" >>{log}'
+    steps.STEPS = (
+        steps.Step("bootstrap", "boot", steps.sh("true"), "first"),
+        *(
+            steps.Step(tag, tag, steps.sh(f"TAG={tag}; {note}"), lane, waits=waits)
+            for tag, lane, waits in (
+                ("light1", "tool", True), ("light2", "proof", True),
+                ("heavy1", "serve", False), ("heavy2", "install", False),
+                ("heavy3", "upstream", False),
+            )
+        ),
+    )  # fmt: skip
+
+    def overlaps() -> list[set[str]]:
+        """The steps running together, at each start."""
+        events = sorted(
+            (float(t), kind, tag)
+            for tag, kind, t in (line.split() for line in log.read_text().split("\n")
+                                 if line)
+        )  # fmt: skip
+        running: set[str] = set()
+        seen = []
+        for _t, kind, tag in events:
+            if kind == "start":
+                running.add(tag)
+                seen.append(set(running))
+            else:
+                running.discard(tag)
+        return seen
+
+    assert steps.main(["--fresh", "-j", "2"]) == 0
+    seen = overlaps()
+    # Never more than one step over the cores, and never over them in steps
+    # that do not wait; but the extra one did run.
+    assert max(len(s) for s in seen) == 3
+    assert all(sum(t.startswith("heavy") for t in s) <= 2 for s in seen)
+    log.unlink()
+    # One job is one step at a time, waiting or not.
+    assert steps.main(["--fresh", "-j", "1"]) == 0
+    assert max(len(s) for s in overlaps()) == 1
+
+
 def lane_of(steps, tag: str) -> str:
     return next(s.lane for s in steps if s.tag == tag)
 
