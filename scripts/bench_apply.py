@@ -69,21 +69,30 @@ def main() -> int:
     wheel = Path(json.loads(fetched.stdout)["path"])
     patches = series_files()
     scratch = Path(tempfile.mkdtemp(prefix="bench-apply-", dir=ROOT / "build"))
+    # A project of its own (the series, its own build/), on the checkout's cache:
+    # an apply keeps its state in the project's build/operation/ while it runs,
+    # and the checkout's commands (refresh --check beside it in CI) must not
+    # find one there.
+    project = scratch / "project"
+    shutil.copytree(ROOT / "patches", project / "patches")
+    tool = [sys.executable, "-m", "xpu_series", "-C", str(project)]
+    shared = {"XPU_SERIES_CACHE": str(ROOT / "build" / "cache")}
     warm_tree = scratch / "warm"
     if args.quick:
         # One run: (a') makes the tree that (a) then re-applies into, so the
         # tree is not built a time more only to prime it.
         warm_tree = scratch / "warm-new"
     else:
-        run([*CLI, "apply", "--tree", str(warm_tree)])  # prime the base and tree
+        # Prime the base and tree.
+        run([*tool, "apply", "--tree", str(warm_tree)], env=shared)
 
     def warm() -> None:
-        run([*CLI, "apply", "--tree", str(warm_tree)])
+        run([*tool, "apply", "--tree", str(warm_tree)], env=shared)
 
     def warm_new_tree() -> None:
         tree = scratch / "warm-new"
         shutil.rmtree(tree, ignore_errors=True)
-        run([*CLI, "apply", "--tree", str(tree)])
+        run([*tool, "apply", "--tree", str(tree)], env=shared)
 
     def cold_base() -> None:
         cache = scratch / "cold-cache"
@@ -97,7 +106,7 @@ def main() -> int:
             (cache / "bytecode").symlink_to(compiled)
         tree = scratch / "cold"
         shutil.rmtree(tree, ignore_errors=True)
-        run([*CLI, "apply", "--tree", str(tree)], env={"XPU_SERIES_CACHE": str(cache)})
+        run([*tool, "apply", "--tree", str(tree)], env={"XPU_SERIES_CACHE": str(cache)})
 
     def naive() -> None:
         tree = scratch / "naive"

@@ -29,6 +29,32 @@ def _alive(pid: int) -> bool:
     return True
 
 
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def _held(holder: dict) -> bool:
+    """Whether the holder may still run: its process lives, or it is on another
+    host (which cannot be asked)."""
+    pid = int(holder.get("pid", 0) or 0)
+    if pid and holder.get("host") == socket.gethostname():
+        return _alive(pid)
+    return True
+
+
+def holder(tree: Path) -> dict | None:
+    """Who holds the tree's lock (pid, host, command, since) while it may still
+    run; None when no one does or its process is gone."""
+    path = lock_path(tree)
+    if not path.exists():
+        return None
+    found = _read(path)
+    return found if _held(found) else None
+
+
 @contextmanager
 def tree_lock(tree: Path, command: str) -> Iterator[None]:
     """Hold the tree's lock; a stale lock (its process is gone) is taken over."""
@@ -44,18 +70,14 @@ def tree_lock(tree: Path, command: str) -> Iterator[None]:
         try:
             fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
         except FileExistsError:
-            try:
-                holder = json.loads(path.read_text() or "{}")
-            except (OSError, ValueError):
-                holder = {}
-            pid = int(holder.get("pid", 0) or 0)
-            same_host = holder.get("host") == me["host"]
-            if pid and same_host and not _alive(pid):
+            found = _read(path)
+            pid = int(found.get("pid", 0) or 0)
+            if pid and not _held(found):
                 path.unlink(missing_ok=True)
                 continue
             raise TreeError(
-                f"{tree} is locked by pid {pid or '?'} on {holder.get('host', '?')} "
-                f"('{holder.get('command', '?')}', since {holder.get('since', '?')})",
+                f"{tree} is locked by pid {pid or '?'} on {found.get('host', '?')} "
+                f"('{found.get('command', '?')}', since {found.get('since', '?')})",
                 hint=f"wait for it to finish; if that process is gone, remove {path}",
             ) from None
         with os.fdopen(fd, "w") as fh:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 from pathlib import Path
 
@@ -300,6 +301,40 @@ def test_apply_refuses_while_stopped_and_says_how_to_go_on(
     assert three_patches.run("refresh").code == 1
 
 
+def test_an_apply_still_running_is_not_called_interrupted(
+    three_patches: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    three_patches.run("apply")
+    real_commit = engine.commit_patch
+
+    def interrupted(git_, patch, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine, "commit_patch", interrupted)
+    assert three_patches.run("apply").code == 1
+    monkeypatch.setattr(engine, "commit_patch", real_commit)
+    # Another process of this host holds the tree, as a running apply does
+    # (this one: alive).
+    lock = lock_path(three_patches.tree)
+    lock.write_text(json.dumps({
+        "pid": os.getpid(), "host": socket.gethostname(),
+        "command": "xpu-series apply", "since": "2026-12-04 10:00:00",
+    }))  # fmt: skip
+    busy = three_patches.run("refresh")
+    assert busy.code == 1
+    assert "an apply onto sglang" in busy.err and "is running (pid" in busy.err
+    assert f"pid {os.getpid()}" in busy.err and "interrupted" not in busy.err
+    # Its hint, followed, is to wait: no --abort of a running apply.
+    assert "--abort" not in busy.err and "wait for it to finish" in busy.err
+    # Once its process is gone, it was interrupted: continue or abort.
+    lock.write_text(json.dumps({"pid": 2**22 + 1, "host": socket.gethostname()}))
+    gone = three_patches.run("refresh")
+    assert gone.code == 1 and "interrupted" in gone.err and "--abort" in gone.err
+    lock.unlink()
+    assert three_patches.run("apply", "--continue").code == 0
+    assert three_patches.run("refresh", "--check").code == 0
+
+
 def test_interrupt_leaves_the_tree_at_the_last_applied_patch(
     three_patches: Project, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -339,7 +374,7 @@ def test_second_apply_on_a_locked_tree_names_the_holder(
             json.dumps(
                 {
                     "pid": holder.pid,
-                    "host": os.uname().nodename,
+                    "host": socket.gethostname(),
                     "command": "xpu-series apply",
                     "since": "now",
                 }

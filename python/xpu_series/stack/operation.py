@@ -13,6 +13,7 @@ from typing import Any
 
 from xpu_series.errors import TreeError
 from xpu_series.git import Git
+from xpu_series.lock import holder
 
 STATE = "state.json"
 # A byte copy of patches/ taken before anything changes: the source of the patches
@@ -143,10 +144,21 @@ class OperationStore:
 
 
 def require_idle(store: OperationStore, verb: str) -> None:
-    """Refuse to start `verb` while an operation is stopped or interrupted."""
+    """Refuse to start `verb` while an operation runs, is stopped or was
+    interrupted."""
     op = store.load()
     if op is None:
         return
+    running = holder(Path(op.tree)) if op.tree else None
+    if running is not None:
+        # Its process still holds the tree: nothing to continue or abort yet.
+        onto = op.target.get("version", "?")
+        raise TreeError(
+            f"cannot {verb}: {article(op.kind)} onto sglang {onto} is running "
+            f"(pid {running.get('pid', '?')} on {running.get('host', '?')}, "
+            f"'{running.get('command', '?')}', since {running.get('since', '?')})",
+            hint=f"wait for it to finish, then run 'xpu-series {verb}' again",
+        )
     raise TreeError(
         f"cannot {verb}: {op.described()} is in progress",
         hint=f"finish it with 'xpu-series {op.kind} --continue', "
