@@ -116,7 +116,7 @@ class Step:
     # the step runs and its pass is not remembered.
     key_from: tuple[str, ...] = ()
     # CPU seconds of a cold run on two cores (build/reports/steps.json of a clean
-    # clone, 94b36f5): only the order in which lanes get a core depends on it.
+    # clone, 1b36f41): only the order in which lanes get a core depends on it.
     cost_s: int = 60
     # Mostly waits (servers it starts and stops, timeouts its tests prove): it
     # kept under two thirds of a core busy over a cold run. Such a step may run
@@ -159,13 +159,13 @@ STEPS: tuple[Step, ...] = (
          (*PYTEST, "--durations=10", "--doctest-modules", "python/xpu_series",
           "test/unit", *(f"--ignore={t}" for t in (*PROOF_TESTS, AUDIT_TESTS))),
          "tool",
-         cost_s=65),
+         cost_s=63, waits=True),
     Step("proof-tool-tests",
          "tool tests of the proofs (verify, records, matrix, upstream export)",
-         (*PYTEST, "--durations=10", *PROOF_TESTS), "unit", cost_s=140),
+         (*PYTEST, "--durations=10", *PROOF_TESTS), "unit", cost_s=119),
     Step("script-tests",
          "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
-         (*PYTEST, "test/scripts"), "proof", cost_s=40, waits=True),
+         (*PYTEST, "test/scripts"), "proof", cost_s=38, waits=True),
     Step("registration",
          "registration: every registered file is registered; nothing under test/manual",
          (PY, "scripts/check_registration.py"), "tool", cost_s=6),
@@ -173,49 +173,49 @@ STEPS: tuple[Step, ...] = (
          "refresh --check: patches/ is byte for byte what refresh writes from the tree",
          (".venv/bin/xpu-series", "refresh", "--check"), "tool", cost_s=1),
     Step("verify", "verify: every patch is proven",
-         (".venv/bin/xpu-series", "verify"), "proof", cost_s=40),
+         (".venv/bin/xpu-series", "verify"), "proof", cost_s=30),
     # After verify in its lane: the pin's runs come from verify's outcomes.
     Step("matrix",
          "behavioural matrix: each served release (serves-from..pin) and every newer "
          "one (build/reports/)",
-         sh(MATRIX), "proof", cost_s=80,
+         sh(MATRIX), "proof", cost_s=65,
          key_from=(".venv/bin/xpu-series", "matrix", "--releases")),
     Step("mutants",
          "verify --mutants: each patch's tests kill every mutant of the lines it adds",
-         (".venv/bin/xpu-series", "verify", "--mutants"), "tool", cost_s=45),
+         (".venv/bin/xpu-series", "verify", "--mutants"), "tool", cost_s=47),
     Step("registered",
          "registered CPU tests on the patched tree (test/registered/unit)",
-         (*PYTEST, "--durations=8", "test/registered/unit"), "proof", cost_s=110),
+         (*PYTEST, "--durations=8", "test/registered/unit"), "proof", cost_s=107),
     Step("audit",
          "audit: no exposed CUDA-only finding on the patched tree (--check); the "
          "pristine pin's report; SARIF; the known bugs found in real releases",
-         sh(AUDIT), "tool", cost_s=45),
+         sh(AUDIT), "tool", cost_s=36),
     # The serving lane: real servers of the stand-in.
     Step("standin-suite",
          "XPU chunked-prefill suite on the CPU stand-in (real SGLang servers; see "
          "its README)",
          (*PYTEST, "-rs", "--durations=8", "test/manual/chunked_prefill"), "serve",
-         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=45, waits=True),
+         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=43, waits=True),
     Step("xpu-suites",
          "XPU suites (test/manual, test/registered/e2e): import, collect, skip "
          "with reasons",
          # One run: a file that does not import or collect fails it (exit 2) as
          # a separate --collect-only did, which imported sglang a second time.
-         (*PYTEST, "-rs", "test/manual", "test/registered/e2e"), "serve", cost_s=15),
+         (*PYTEST, "-rs", "test/manual", "test/registered/e2e"), "serve", cost_s=12),
     Step("standin-scripts",
          "measurement and serving scripts against real servers on the CPU stand-in "
          "(test/standin)",
-         (*PYTEST, "-rs", "--durations=5", "test/standin"), "serve", cost_s=160),
+         (*PYTEST, "-rs", "--durations=5", "test/standin"), "serve", cost_s=156),
     # The install lane: real pip installs and images of real releases.
     Step("overlay",
          "overlay: the fork installed into a real pip install of each served release "
          "(docker/install-fork.sh)",
-         (PY, "scripts/check_overlay.py"), "install", cost_s=55),
+         (PY, "scripts/check_overlay.py"), "install", cost_s=65),
     Step("wheel",
          "wheel: the patched sglang as a pip wheel (built twice, byte-identical), "
          "installed in a fresh venv and over the stock release, the patches' fast "
          "tests on the install, uninstall leaves nothing",
-         (PY, "scripts/check_wheel.py"), "install", cost_s=40),
+         (PY, "scripts/check_wheel.py"), "install", cost_s=33),
     Step("replay",
          "replay the last move (patches/moves/, patches/resolutions/) from git "
          "history: byte for byte",
@@ -225,7 +225,7 @@ STEPS: tuple[Step, ...] = (
          "on a stand-in for the official XPU image (overlay: pin and oldest served "
          "release; wheel: the pin); "
          "a broken base must fail it",
-         (PY, "scripts/check_image.py"), "install", cost_s=75),
+         (PY, "scripts/check_image.py"), "install", cost_s=79),
     Step("upstream-check",
          "upstream --check: each carried patch and declared bundle exports as an "
          "upstream pull request "
@@ -233,11 +233,11 @@ STEPS: tuple[Step, ...] = (
          # One invocation: one test interpreter for every patch (torch and
          # sglang's imports load once, not twice per patch).
          (".venv/bin/xpu-series", "upstream", "--all", "--check"), "upstream",
-         cost_s=55),
+         cost_s=49),
     # After upstream-check in its lane: bench_upstream reads its outcomes. Its
     # quick mode of bench_ci reads the steps the run has timed so far.
     Step("benchmarks", "benchmarks, quick mode: every scripts/bench_*.py still runs",
-         (PY, "scripts/bench_ci.py", "--quick-all"), "upstream", cost_s=95),
+         (PY, "scripts/bench_ci.py", "--quick-all"), "upstream", cost_s=101),
 )  # fmt: skip
 
 
