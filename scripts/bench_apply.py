@@ -9,7 +9,7 @@ Goals: (a) <= 0.25 x (c), (b) <= 1.1 x (c).
 
 Run: .venv/bin/python scripts/bench_apply.py [--runs 5]
      --quick: one run of each case (what CI runs, so the benchmark cannot rot);
-              (b) shares the compiled bytecode of the real cache
+              (b) shares the compiled bytecode of the real cache; no goal is judged
 """
 
 from __future__ import annotations
@@ -143,7 +143,12 @@ def main() -> int:
         print(f"{name:<26}{value:>10.3f}{value / base:>8.2f}x")
     a, b = medians["(a) warm, existing tree"] / base, medians["(b) cold base"] / base
     if args.quick:
-        print("quick: (b) shared the compiled bytecode; run without --quick for it")
+        # One run, and (b) not cold: its ratios are no verdict either way.
+        print(
+            "quick: (b) shared the compiled bytecode; no goal is judged on one run; "
+            "run without --quick for them"
+        )
+        return 0
     print(f"goal (a) <= 0.25x: {'met' if a <= 0.25 else 'MISSED'} ({a:.2f}x)")
     print(f"goal (b) <= 1.10x: {'met' if b <= 1.10 else 'MISSED'} ({b:.2f}x)")
     return 0
