@@ -466,13 +466,14 @@ def run_lanes(run: Run, lanes: list[list[Step]], jobs: int) -> None:
     pending = [list(lane) for lane in lanes]
     busy: list[Step | None] = [None] * len(pending)
     turn = threading.Condition()
-    slots = max(1, jobs) + (1 if jobs > 1 else 0)
+    cores = max(1, jobs)
+    slots = cores + (1 if cores > 1 else 0)
 
     def fits(step: Step) -> bool:
         running = [s for s in busy if s is not None]
         if len(running) >= slots:
             return False
-        return step.waits or sum(not s.waits for s in running) < max(1, jobs)
+        return step.waits or sum(not s.waits for s in running) < cores
 
     def take() -> tuple[int, Step] | None:
         with turn:

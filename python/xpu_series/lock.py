@@ -45,6 +45,14 @@ def _held(holder: dict) -> bool:
     return True
 
 
+def described(found: dict) -> str:
+    """A holder as messages name it: pid, host, command and since when."""
+    return (
+        f"pid {found.get('pid') or '?'} on {found.get('host', '?')} "
+        f"('{found.get('command', '?')}', since {found.get('since', '?')})"
+    )
+
+
 def holder(tree: Path) -> dict | None:
     """Who holds the tree's lock (pid, host, command, since) while it may still
     run; None when no one does or its process is gone."""
@@ -76,8 +84,7 @@ def tree_lock(tree: Path, command: str) -> Iterator[None]:
                 path.unlink(missing_ok=True)
                 continue
             raise TreeError(
-                f"{tree} is locked by pid {pid or '?'} on {found.get('host', '?')} "
-                f"('{found.get('command', '?')}', since {found.get('since', '?')})",
+                f"{tree} is locked by {described(found)}",
                 hint=f"wait for it to finish; if that process is gone, remove {path}",
             ) from None
         with os.fdopen(fd, "w") as fh:

@@ -458,6 +458,32 @@ def test_what_a_step_leaves_running_is_counted_and_then_stopped(
     )
 
 
+def _span(log: Path, tag: str, seconds: float) -> str:
+    """A step's script that notes in `log` when it starts and ends, and sleeps
+    `seconds` between."""
+    return (
+        f'echo "{tag} start $(date +%s.%N)" >>{log}; sleep {seconds}; '
+        f'echo "{tag} end $(date +%s.%N)" >>{log}'
+    )
+
+
+def _starts(log: Path) -> list[tuple[str, set[str]]]:
+    """Each step's start, in time order, with the steps running then."""
+    events = sorted(
+        (float(t), kind, tag)
+        for tag, kind, t in (line.split() for line in log.read_text().splitlines())
+    )
+    running: set[str] = set()
+    starts = []
+    for _t, kind, tag in events:
+        if kind == "start":
+            running.add(tag)
+            starts.append((tag, set(running)))
+        else:
+            running.discard(tag)
+    return starts
+
+
 def test_steps_run_one_per_core_and_the_lanes_keep_their_order(
     steps, tmp_path: Path
 ) -> None:
@@ -465,36 +491,22 @@ def test_steps_run_one_per_core_and_the_lanes_keep_their_order(
     # under -j 1, two under -j 2.
     log = tmp_path / "build" / "spans"
     log.parent.mkdir()
-    note = f'echo "$TAG start $(date +%s.%N)" >>{log}; sleep 0.3; '
-    note += f'echo "$TAG end $(date +%s.%N)" >>{log}'
     _fake(
         steps,
         ("bootstrap", "true", "first", 60),
-        *[(f"{lane}{k}", f"TAG={lane}{k}; {note}", lane, 60)
+        *[(f"{lane}{k}", _span(log, f"{lane}{k}", 0.3), lane, 60)
           for lane in ("tool", "proof", "serve") for k in (1, 2)],
     )  # fmt: skip
 
-    def most_at_once() -> tuple[int, list[str]]:
-        events = sorted(
-            (float(t), kind, tag)
-            for tag, kind, t in (line.split() for line in log.read_text().split("\n")
-                                 if line)
-        )  # fmt: skip
-        running, most, order = 0, 0, []
-        for _t, kind, tag in events:
-            running += 1 if kind == "start" else -1
-            most = max(most, running)
-            order += [tag] if kind == "start" else []
-        return most, order
-
     assert steps.main(["--fresh", "-j", "1"]) == 0
-    most, order = most_at_once()
-    assert most == 1
+    starts = _starts(log)
+    assert max(len(running) for _tag, running in starts) == 1
+    order = [tag for tag, _running in starts]
     for lane in ("tool", "proof", "serve"):
         assert order.index(f"{lane}1") < order.index(f"{lane}2")
     log.unlink()
     assert steps.main(["--fresh", "-j", "2"]) == 0
-    assert most_at_once()[0] == 2
+    assert max(len(running) for _tag, running in _starts(log)) == 2
 
 
 def test_a_step_that_waits_runs_as_one_step_more_than_the_cores(
@@ -503,12 +515,10 @@ def test_a_step_that_waits_runs_as_one_step_more_than_the_cores(
     # Four lanes, each a step that sleeps; two of them mostly wait.
     log = tmp_path / "build" / "spans"
     log.parent.mkdir()
-    note = f'echo "$TAG start $(date +%s.%N)" >>{log}; sleep 0.4; '
-    note += f'echo "$TAG end $(date +%s.%N)" >>{log}'
     steps.STEPS = (
         steps.Step("bootstrap", "boot", steps.sh("true"), "first"),
         *(
-            steps.Step(tag, tag, steps.sh(f"TAG={tag}; {note}"), lane, waits=waits)
+            steps.Step(tag, tag, steps.sh(_span(log, tag, 0.4)), lane, waits=waits)
             for tag, lane, waits in (
                 ("light1", "tool", True), ("light2", "proof", True),
                 ("heavy1", "serve", False), ("heavy2", "install", False),
@@ -517,25 +527,8 @@ def test_a_step_that_waits_runs_as_one_step_more_than_the_cores(
         ),
     )  # fmt: skip
 
-    def overlaps() -> list[set[str]]:
-        """The steps running together, at each start."""
-        events = sorted(
-            (float(t), kind, tag)
-            for tag, kind, t in (line.split() for line in log.read_text().split("\n")
-                                 if line)
-        )  # fmt: skip
-        running: set[str] = set()
-        seen = []
-        for _t, kind, tag in events:
-            if kind == "start":
-                running.add(tag)
-                seen.append(set(running))
-            else:
-                running.discard(tag)
-        return seen
-
     assert steps.main(["--fresh", "-j", "2"]) == 0
-    seen = overlaps()
+    seen = [running for _tag, running in _starts(log)]
     # Never more than one step over the cores, and never over them in steps
     # that do not wait; but the extra one did run.
     assert max(len(s) for s in seen) == 3
@@ -543,7 +536,7 @@ def test_a_step_that_waits_runs_as_one_step_more_than_the_cores(
     log.unlink()
     # One job is one step at a time, waiting or not.
     assert steps.main(["--fresh", "-j", "1"]) == 0
-    assert max(len(s) for s in overlaps()) == 1
+    assert max(len(running) for _tag, running in _starts(log)) == 1
 
 
 def lane_of(steps, tag: str) -> str:

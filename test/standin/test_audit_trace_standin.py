@@ -14,7 +14,9 @@ import pytest
 
 from xpu_series.audit.trace import cached_trace, record_trace
 from xpu_series.errors import StandinError
+from xpu_series.git import Git
 from xpu_series.project import Project
+from xpu_series.stack.tree import ignore_bytecode
 
 ROOT = Path(__file__).resolve().parents[2]
 TREE = ROOT / "build" / "sglang"
@@ -45,9 +47,9 @@ def pristine(tmp_path_factory: pytest.TempPathFactory) -> Path:
         ["git", "-C", str(dest), "checkout", "-q", "upstream"],
     ):
         subprocess.run(args, check=True, capture_output=True, timeout=600)
-    # Bytecode is not a local edit here either, so the trace primes the clone
-    # from the cache (a server compiling sglang's modules costs most of a minute).
-    (dest / ".git" / "info" / "exclude").write_text("__pycache__/\n*.py[co]\n")
+    # As in the tool's trees, so the trace primes the clone's bytecode from the
+    # cache (else each server process compiles the modules it imports).
+    ignore_bytecode(Git(dest))
     return dest
 
 

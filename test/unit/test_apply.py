@@ -324,14 +324,19 @@ def test_an_apply_still_running_is_not_called_interrupted(
     assert busy.code == 1
     assert "an apply onto sglang" in busy.err and "is running (pid" in busy.err
     assert f"pid {os.getpid()}" in busy.err and "interrupted" not in busy.err
-    # Its hint, followed, is to wait: no --abort of a running apply.
-    assert "--abort" not in busy.err and "wait for it to finish" in busy.err
-    # Once its process is gone, it was interrupted: continue or abort.
+    # Its hint is to wait: no --abort of a running apply.
+    hint = "wait for it to finish, then run 'xpu-series refresh' again"
+    assert "--abort" not in busy.err and hint in busy.err
+    # Were its process gone, it was interrupted: continue or abort.
     lock.write_text(json.dumps({"pid": 2**22 + 1, "host": socket.gethostname()}))
     gone = three_patches.run("refresh")
     assert gone.code == 1 and "interrupted" in gone.err and "--abort" in gone.err
+    # The hint, followed: the apply finishes (as its process would, holding the
+    # tree until it is done), then 'xpu-series refresh' runs again and succeeds.
     lock.unlink()
     assert three_patches.run("apply", "--continue").code == 0
+    again = three_patches.run("refresh")
+    assert again.code == 0, again.err
     assert three_patches.run("refresh", "--check").code == 0
 
 

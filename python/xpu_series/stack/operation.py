@@ -13,7 +13,7 @@ from typing import Any
 
 from xpu_series.errors import TreeError
 from xpu_series.git import Git
-from xpu_series.lock import holder
+from xpu_series.lock import described, holder
 
 STATE = "state.json"
 # A byte copy of patches/ taken before anything changes: the source of the patches
@@ -69,9 +69,12 @@ class Operation:
     def stopped(self) -> bool:
         return self.phase == "stopped"
 
+    def what(self) -> str:
+        """'apply onto sglang 0.5.23', say."""
+        return f"{self.kind} onto sglang {self.target.get('version', '?')}"
+
     def describe(self) -> str:
-        onto = self.target.get("version", "?")
-        what = f"{self.kind} onto sglang {onto}"
+        what = self.what()
         if self.stopped:
             return f"{what} stopped at {self.current} ({self.current_detail})"
         return f"{what} interrupted during {self.phase}"
@@ -152,11 +155,8 @@ def require_idle(store: OperationStore, verb: str) -> None:
     running = holder(Path(op.tree)) if op.tree else None
     if running is not None:
         # Its process still holds the tree: nothing to continue or abort yet.
-        onto = op.target.get("version", "?")
         raise TreeError(
-            f"cannot {verb}: {article(op.kind)} onto sglang {onto} is running "
-            f"(pid {running.get('pid', '?')} on {running.get('host', '?')}, "
-            f"'{running.get('command', '?')}', since {running.get('since', '?')})",
+            f"cannot {verb}: {article(op.what())} is running ({described(running)})",
             hint=f"wait for it to finish, then run 'xpu-series {verb}' again",
         )
     raise TreeError(

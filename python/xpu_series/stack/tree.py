@@ -138,11 +138,16 @@ def ensure_base_cache(wheel: FetchedWheel, pin: Pin, cache: Path) -> tuple[Path,
     return cache_repo, True
 
 
-def _configure(git: Git) -> None:
-    # Imports leave __pycache__ behind; they are not local edits.
+def ignore_bytecode(git: Git) -> None:
+    """Imports leave __pycache__ behind; they are not local edits (and
+    `bytecode.prime` puts .pyc files only where they are ignored)."""
     exclude = git.git_dir() / "info" / "exclude"
     exclude.parent.mkdir(parents=True, exist_ok=True)
     exclude.write_text("__pycache__/\n*.py[co]\n")
+
+
+def _configure(git: Git) -> None:
+    ignore_bytecode(git)
 
 
 def _is_empty_dir(path: Path) -> bool:
