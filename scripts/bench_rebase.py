@@ -218,7 +218,8 @@ def by_hand(move: Move, patches: Path) -> float:
     todo = [str(p.path) for p in series if p.name not in skip]
     with tempfile.TemporaryDirectory(prefix="bench-hand-") as tmp:
         tree = Path(tmp) / "t"
-        git = ["git", "-c", "user.name=b", "-c", "user.email=b@b"]
+        # No automatic gc (see bench_apply's naive baseline): untimed, not free.
+        git = ["git", "-c", "user.name=b", "-c", "user.email=b@b", "-c", "gc.auto=0"]
         start = time.perf_counter()
         subprocess.run([*git, "clone", "-q", "--local", str(base), str(tree)],
                        check=True)  # fmt: skip

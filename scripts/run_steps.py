@@ -6,25 +6,25 @@
     scripts/test lint verify     only these steps (after bootstrap)
     scripts/test --serial        one step at a time (lanes one after another)
     scripts/test -j 3            three steps at once (default: one per core),
-                                 and one more that mostly waits (not at -j 1)
+                                 one more that mostly waits, and up to two
+                                 more into idle cores (neither at -j 1)
+    scripts/test --no-fill       no step starts into the cores others leave idle
     scripts/test --keep-going    every step, even after one failed (to time them)
 
-After bootstrap and the lints, six lanes share the cores, one step per core at
-a time (-j N to change): the tool's own checks (its tests, the mutants, the
+After bootstrap and the lints, six lanes share the cores (step_lanes.py says
+when each step starts): the tool's own checks (its tests, the mutants, the
 audit), the proofs on the patched tree and across releases (verify, the matrix,
 the registered tests, the replay), the real servers of the stand-in, the
 installs (overlay, wheel, image), the upstream export with the benchmarks, and
-the tool's tests of its proofs (half of its tests, so neither half is a long
-step left to run alone at the end). A step that mostly waits (`waits`: its
-servers start and stop, its tests prove timeouts) may run beside them as one
-step more, so its waits do not leave a core idle.
-A lane runs its steps in order, one at a time (they share folders); a free core
-goes to the lane with the most work left (each step's `cost_s`), so the longest
-lane starts first and no lane is left to run alone at the end. verify and its
-mutants have a folder each under build/ (each locks its own), so they may run
-side by side. Each step runs
-under `--reap` (a child subreaper): what it starts is waited for and counted in
-its CPU, and nothing it leaves behind outlives it. Every line a step prints is
+the tool's tests of its proofs. A lane runs its steps in order, one at a time
+(they share folders); a free core goes to the lane with the most work left
+(each step's `cost_s`). One step per core runs at a time (-j N to change), one
+more if it `waits` (its servers start and stop, its tests prove timeouts), and
+one or two more while the running steps leave a core idle (not with --no-fill).
+verify and its mutants have a folder each under build/ (each locks its own), so
+they may run side by side. Each step runs under `--reap` (a child subreaper):
+what it starts is waited for and counted in its CPU, and nothing it leaves
+behind outlives it. Every line a step prints is
 relayed live with its step's tag; each step's full output is also kept in
 build/reports/steps/. The summary table and build/reports/steps.json name each
 step's duration and CPU (steps.json also its system time, and the run's proof
@@ -50,6 +50,7 @@ from pathlib import Path
 
 # Its sibling, wherever this file is loaded from (scripts/test, the tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+import step_lanes  # noqa: E402
 from step_processes import reap, stop_group, wait_counted  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -456,63 +457,24 @@ def _run_process(
     return code == 0
 
 
-def run_lanes(run: Run, lanes: list[list[Step]], jobs: int) -> None:
-    """Up to `jobs` steps at once, each lane's in its order and one at a time,
-    and with two jobs or more, one step more if it `waits`. A free slot goes to
-    the ready lane with the most cost_s left whose next step fits: the longest
-    lane starts first, so the run ends when the cores run out of work, not when
-    a lane started late is left to run alone. A fault of this runner fails the
-    run, loudly."""
-    pending = [list(lane) for lane in lanes]
-    busy: list[Step | None] = [None] * len(pending)
-    turn = threading.Condition()
-    cores = max(1, jobs)
-    slots = cores + (1 if cores > 1 else 0)
+def run_lanes(run: Run, lanes: list[list[Step]], jobs: int, fill: bool) -> None:
+    """The lanes' steps, as step_lanes.run_lanes schedules them (with `fill`,
+    also into the cores they leave idle). A fault of this runner fails the run,
+    loudly."""
 
-    def fits(step: Step) -> bool:
-        running = [s for s in busy if s is not None]
-        if len(running) >= slots:
-            return False
-        return step.waits or sum(not s.waits for s in running) < cores
+    def work(step: Step) -> None:
+        try:
+            run_step(run, step)
+        except Exception as exc:  # noqa: BLE001 - reported, and the run fails
+            run.failed.set()
+            outcome = run.outcomes[step.tag]
+            outcome.code = outcome.code if outcome.code not in (None, 0) else 1
+            outcome.note = f"the step runner failed here: {exc!r}"
+            run.say(f"error: the step runner failed: {exc!r}")
 
-    def take() -> tuple[int, Step] | None:
-        with turn:
-            while True:
-                ready = [
-                    i
-                    for i, left in enumerate(pending)
-                    if left and busy[i] is None and fits(left[0])
-                ]
-                if ready:
-                    # max() keeps the first of equals: the lanes' own order.
-                    i = max(ready, key=lambda k: sum(s.cost_s for s in pending[k]))
-                    busy[i] = step = pending[i].pop(0)
-                    return i, step
-                if all(s is None for s in busy):
-                    return None
-                turn.wait()
-
-    def work() -> None:
-        while (got := take()) is not None:
-            lane, step = got
-            try:
-                run_step(run, step)
-            except Exception as exc:  # noqa: BLE001 - reported, and the run fails
-                run.failed.set()
-                outcome = run.outcomes[step.tag]
-                outcome.code = outcome.code if outcome.code not in (None, 0) else 1
-                outcome.note = f"the step runner failed here: {exc!r}"
-                run.say(f"error: the step runner failed: {exc!r}")
-            finally:
-                with turn:
-                    busy[lane] = None
-                    turn.notify_all()
-
-    workers = [threading.Thread(target=work) for _ in range(slots)]
-    for worker in workers:
-        worker.start()
-    for worker in workers:
-        worker.join()
+    step_lanes.run_lanes(
+        lanes, jobs, work, load=step_lanes.Load() if fill else None, say=run.say
+    )
 
 
 def _clock(seconds: float) -> str:
@@ -589,6 +551,12 @@ def main(argv: list[str]) -> int:
         help="steps that run at once (default: one per core); with two or more, "
         "a step that mostly waits may run as one more",
     )
+    parser.add_argument(
+        "--no-fill",
+        action="store_true",
+        help="start a step only when a core (or, for one that waits, the extra "
+        "slot) is free, never into the cores the running steps leave idle",
+    )
     args = parser.parse_args(argv)
     if args.list:
         for step in STEPS:
@@ -623,7 +591,7 @@ def main(argv: list[str]) -> int:
         lanes = [lane for lane in lanes if lane]
         if args.serial:
             lanes = [[s for lane in lanes for s in lane]]
-        run_lanes(run, lanes, args.jobs)
+        run_lanes(run, lanes, args.jobs, fill=not args.no_fill)
     except KeyboardInterrupt:
         run.failed.set()
         with run.lock:

@@ -1,12 +1,16 @@
-"""Helpers for the tests of scripts/: load an extension-less script as a module."""
+"""Helpers for the tests of scripts/: load an extension-less script as a module;
+scripts/test's runner in a scratch checkout, with steps of a test's own."""
 
 from __future__ import annotations
 
 import importlib.machinery
 import importlib.util
+import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
 
@@ -21,3 +25,35 @@ def load_script(name: str) -> ModuleType:
     sys.modules[module_name] = module
     loader.exec_module(module)
     return module
+
+
+class Unmeasured:
+    """A load that is never known: no step starts into idle cores, so a test of
+    the lanes' limits does not depend on what else this machine runs."""
+
+    def idle_cores(self) -> float | None:
+        return None
+
+
+@pytest.fixture
+def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    """run_steps.py in a scratch git checkout at tmp_path (reports there too)."""
+    module = load_script("run_steps.py")
+    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
+    (tmp_path / ".gitignore").write_text("reports/\nbuild/\n")
+    monkeypatch.setattr(module, "ROOT", tmp_path)
+    monkeypatch.setattr(module, "REPORTS", tmp_path / "reports")
+    monkeypatch.setattr(module.step_lanes, "Load", Unmeasured)
+    return module
+
+
+# Spins for half a second of CPU time.
+BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
+
+
+def fake_steps(module: ModuleType, *specs: tuple[str, str, str, int]) -> None:
+    """Replace the runner's steps: (tag, shell script, lane, limit_s) each."""
+    module.STEPS = tuple(
+        module.Step(tag, f"the {tag} step", module.sh(script), lane, limit_s=limit)
+        for tag, script, lane, limit in specs
+    )

