@@ -82,7 +82,11 @@ def render(points: list[SweepPoint], input_len: int) -> str:
             if p.size == OFF
             else f"{(p.input_tok_s - off.input_tok_s) / off.input_tok_s:+.1%}"
         )
-        rows.append(f"{label:<6}{p.duration_s:>12.3f}{p.input_tok_s:>13.1f}{change:>8}")
+        # A space before each number: one too wide for its column (a 19x
+        # change on a loaded machine) still parses as its own word.
+        rows.append(
+            f"{label:<6}{p.duration_s:>12.3f} {p.input_tok_s:>12.1f} {change:>7}"
+        )
     same = next((p for p in points if p.size == input_len), None)
     if same is None:
         rows.append(f"sanity: no run at size {input_len} (= input length)")

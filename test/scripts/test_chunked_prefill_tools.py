@@ -82,6 +82,13 @@ def test_bench_flags_a_noisy_sweep() -> None:
     assert "-2.0% vs off: OUTSIDE 1%: noisy" in bench.render(points, 4096)
 
 
+def test_bench_columns_stay_apart_when_a_number_is_wider_than_its_column() -> None:
+    # A loaded machine: one run 19x faster than the other, in 7 digits.
+    points = [bench.SweepPoint(96, 0.001, 17357.8), bench.SweepPoint(-1, 1.0, 881.3)]
+    row = bench.render(points, 96).splitlines()[1]
+    assert row.split() == ["96", "0.001", "17357.8", "+1869.6%"]
+
+
 def test_bench_command_passes_the_size_and_result_file(tmp_path: Path) -> None:
     args = SimpleNamespace(
         model="m", device="xpu", input_len=4096, output_len=1, num_prompts=8,
