@@ -6,9 +6,7 @@
     scripts/test lint verify     only these steps (after bootstrap)
     scripts/test --serial        one step at a time (lanes one after another)
     scripts/test -j 3            three steps at once (default: one per core),
-                                 one more that mostly waits, and up to two
-                                 more into idle cores (neither at -j 1)
-    scripts/test --no-fill       no step starts into the cores others leave idle
+                                 and one more that mostly waits (not at -j 1)
     scripts/test --keep-going    every step, even after one failed (to time them)
 
 After bootstrap and the lints, six lanes share the cores (step_lanes.py says
@@ -18,9 +16,8 @@ the registered tests, the replay), the real servers of the stand-in, the
 installs (overlay, wheel, image), the upstream export with the benchmarks, and
 the tool's tests of its proofs. A lane runs its steps in order, one at a time
 (they share folders); a free core goes to the lane with the most work left
-(each step's `cost_s`). One step per core runs at a time (-j N to change), one
-more if it `waits` (its servers start and stop, its tests prove timeouts), and
-one or two more while the running steps leave a core idle (not with --no-fill).
+(each step's `cost_s`). One step per core runs at a time (-j N to change), and
+one more if it `waits` (its servers start and stop, its tests prove timeouts).
 verify and its mutants have a folder each under build/ (each locks its own), so
 they may run side by side. Each step runs under `--reap` (a child subreaper):
 what it starts is waited for and counted in its CPU, and nothing it leaves
@@ -457,10 +454,9 @@ def _run_process(
     return code == 0
 
 
-def run_lanes(run: Run, lanes: list[list[Step]], jobs: int, fill: bool) -> None:
-    """The lanes' steps, as step_lanes.run_lanes schedules them (with `fill`,
-    also into the cores they leave idle). A fault of this runner fails the run,
-    loudly."""
+def run_lanes(run: Run, lanes: list[list[Step]], jobs: int) -> None:
+    """The lanes' steps, as step_lanes.run_lanes schedules them. A fault of this
+    runner fails the run, loudly."""
 
     def work(step: Step) -> None:
         try:
@@ -472,9 +468,7 @@ def run_lanes(run: Run, lanes: list[list[Step]], jobs: int, fill: bool) -> None:
             outcome.note = f"the step runner failed here: {exc!r}"
             run.say(f"error: the step runner failed: {exc!r}")
 
-    step_lanes.run_lanes(
-        lanes, jobs, work, load=step_lanes.Load() if fill else None, say=run.say
-    )
+    step_lanes.run_lanes(lanes, jobs, work)
 
 
 def _clock(seconds: float) -> str:
@@ -551,12 +545,6 @@ def main(argv: list[str]) -> int:
         help="steps that run at once (default: one per core); with two or more, "
         "a step that mostly waits may run as one more",
     )
-    parser.add_argument(
-        "--no-fill",
-        action="store_true",
-        help="start a step only when a core (or, for one that waits, the extra "
-        "slot) is free, never into the cores the running steps leave idle",
-    )
     args = parser.parse_args(argv)
     if args.list:
         for step in STEPS:
@@ -591,7 +579,7 @@ def main(argv: list[str]) -> int:
         lanes = [lane for lane in lanes if lane]
         if args.serial:
             lanes = [[s for lane in lanes for s in lane]]
-        run_lanes(run, lanes, args.jobs, fill=not args.no_fill)
+        run_lanes(run, lanes, args.jobs)
     except KeyboardInterrupt:
         run.failed.set()
         with run.lock:

@@ -27,14 +27,6 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-class Unmeasured:
-    """A load that is never known: no step starts into idle cores, so a test of
-    the lanes' limits does not depend on what else this machine runs."""
-
-    def idle_cores(self) -> float | None:
-        return None
-
-
 @pytest.fixture
 def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     """run_steps.py in a scratch git checkout at tmp_path (reports there too)."""
@@ -43,7 +35,6 @@ def steps(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     (tmp_path / ".gitignore").write_text("reports/\nbuild/\n")
     monkeypatch.setattr(module, "ROOT", tmp_path)
     monkeypatch.setattr(module, "REPORTS", tmp_path / "reports")
-    monkeypatch.setattr(module.step_lanes, "Load", Unmeasured)
     return module
 
 
