@@ -34,6 +34,18 @@ def starts(log: Path) -> list[tuple[str, set[str]]]:
     return starts
 
 
+def lanes_of(steps, *specs: tuple[str, str, str, dict]) -> None:
+    """A bootstrap that does nothing, then one step per (tag, lane, shell
+    script, Step's other fields)."""
+    steps.STEPS = (
+        steps.Step("bootstrap", "boot", steps.sh("true"), "first"),
+        *(
+            steps.Step(tag, tag, steps.sh(script), lane, **extra)
+            for tag, lane, script, extra in specs
+        ),
+    )
+
+
 def test_steps_run_one_per_core_and_the_lanes_keep_their_order(
     steps, tmp_path: Path
 ) -> None:
@@ -65,17 +77,14 @@ def test_a_step_that_waits_runs_as_one_step_more_than_the_cores(
     # Four lanes, each a step that sleeps; two of them mostly wait.
     log = tmp_path / "build" / "spans"
     log.parent.mkdir()
-    steps.STEPS = (
-        steps.Step("bootstrap", "boot", steps.sh("true"), "first"),
-        *(
-            steps.Step(tag, tag, steps.sh(span(log, tag, 0.4)), lane, waits=waits)
-            for tag, lane, waits in (
-                ("light1", "tool", True), ("light2", "proof", True),
-                ("heavy1", "serve", False), ("heavy2", "install", False),
-                ("heavy3", "upstream", False),
-            )
-        ),
-    )  # fmt: skip
+    lanes_of(steps, *(
+        (tag, lane, span(log, tag, 0.4), {"waits": waits})
+        for tag, lane, waits in (
+            ("light1", "tool", True), ("light2", "proof", True),
+            ("heavy1", "serve", False), ("heavy2", "install", False),
+            ("heavy3", "upstream", False),
+        )
+    ))  # fmt: skip
 
     assert steps.main(["--fresh", "-j", "2"]) == 0
     seen = [running for _tag, running in starts(log)]
@@ -95,17 +104,14 @@ def test_a_free_core_goes_to_the_lane_with_the_most_work_left(
     # One core: the order steps start in is the scheduler's choice alone.
     log = tmp_path / "build" / "order"
     log.parent.mkdir()
-    steps.STEPS = (
-        steps.Step("bootstrap", "boot", steps.sh("true"), "first"),
-        *(
-            steps.Step(tag, tag, steps.sh(f"echo {tag} >>{log}"), lane, cost_s=cost)
-            for tag, lane, cost in (
-                ("tool1", "tool", 10), ("tool2", "tool", 10),
-                ("serve1", "serve", 100), ("serve2", "serve", 5),
-                ("proof1", "proof", 30),
-            )
-        ),
-    )  # fmt: skip
+    lanes_of(steps, *(
+        (tag, lane, f"echo {tag} >>{log}", {"cost_s": cost})
+        for tag, lane, cost in (
+            ("tool1", "tool", 10), ("tool2", "tool", 10),
+            ("serve1", "serve", 100), ("serve2", "serve", 5),
+            ("proof1", "proof", 30),
+        )
+    ))  # fmt: skip
     assert steps.main(["--fresh", "-j", "1"]) == 0
     # serve has 105 left, then proof 30 against serve's 5 and tool's 20, ...
     assert log.read_text().split() == ["serve1", "proof1", "tool1", "tool2", "serve2"]
