@@ -11,7 +11,6 @@ from typing import Protocol
 class Lanestep(Protocol):
     """What the scheduler reads of a step (run_steps.Step)."""
 
-    tag: str
     cost_s: int
     waits: bool
 
