@@ -21,7 +21,7 @@ def ci_register() -> ModuleType:
     (torch, transformers: about 6 s of CPU for a module that parses files)."""
     spec = importlib.util.find_spec("sglang")
     if spec is None or spec.origin is None:
-        raise SystemExit("error: sglang is not importable\nhint: run scripts/bootstrap")
+        raise SystemExit(f"error: {sys.executable} cannot import sglang")
     path = Path(spec.origin).parent / "test" / "ci" / "ci_register.py"
     loaded = importlib.util.spec_from_file_location("sglang_ci_register", path)
     assert loaded is not None and loaded.loader is not None

@@ -52,8 +52,8 @@ class Profile:
     """Every process seen, keyed by (pid, start time): a pid may be reused."""
 
     procs: dict[tuple[int, int], Seen] = field(default_factory=dict)
-    # The latest key of each pid, to find a parent by its pid.
-    latest: dict[int, tuple[int, int]] = field(default_factory=dict)
+    # Every pid recorded: a new process whose parent is one of them is recorded.
+    pids: set[int] = field(default_factory=set)
 
 
 def _stat(pid: int) -> tuple[str, int, float, int] | None:
@@ -100,13 +100,13 @@ def sample(profile: Profile, root_pid: int) -> None:
                 continue
             seen = Seen(pid, ppid, comm, _argv(pid))
             profile.procs[key] = seen
-            profile.latest[pid] = key
+            profile.pids.add(pid)
         # A process renames itself after exec (setproctitle): keep the last name.
         seen.comm, seen.cpu_s = comm, cpu
 
 
 def _descends(profile: Profile, ppid: int, root_pid: int) -> bool:
-    return ppid == root_pid or ppid in profile.latest
+    return ppid == root_pid or ppid in profile.pids
 
 
 def kind(seen: Seen) -> str:
@@ -129,10 +129,13 @@ def kind(seen: Seen) -> str:
     if args[0] == "-m" and len(args) > 1:
         module = args[1]
         if module == "xpu_series":
-            words = [a for a in args[2:] if not a.startswith("-")]
-            # `-C DIR` names a folder, not the verb.
-            if "-C" in args[2:3]:
-                words = words[1:]
+            words, rest = [], args[2:]
+            while rest:
+                word, *rest = rest
+                if word == "-C":  # names a folder, not the verb
+                    rest = rest[1:]
+                elif not word.startswith("-"):
+                    words.append(word)
             return " ".join(["xpu-series", *words[:1]])
         if module == "pytest":
             paths = [a for a in args[2:] if "/" in a and not a.startswith("-")]

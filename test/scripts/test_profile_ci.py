@@ -36,6 +36,11 @@ PY = "/repo/.venv/bin/python"
         ("python", [PY, "-m", "xpu_series", "--json", "fetch"], "xpu-series fetch"),
         (
             "python",
+            [PY, "-m", "xpu_series", "--json", "-C", "/p", "audit"],
+            "xpu-series audit",
+        ),  # fmt: skip
+        (
+            "python",
             [PY, "/repo/.venv/bin/xpu-series", "upstream", "--all"],
             "xpu-series upstream",
         ),  # fmt: skip
@@ -58,7 +63,7 @@ def _profile(*procs: Seen):
     profile = profile_ci.Profile()
     for i, seen in enumerate(procs):
         profile.procs[(seen.pid, i)] = seen
-        profile.latest[seen.pid] = (seen.pid, i)
+        profile.pids.add(seen.pid)
     return profile
 
 
