@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import functools
 import importlib
 import json
 import sys
@@ -26,7 +27,10 @@ def verb_module(verb: str) -> ModuleType:
     return importlib.import_module(f"xpu_series.commands.{verb.replace('-', '_')}")
 
 
+@functools.cache
 def build_parser() -> argparse.ArgumentParser:
+    """The CLI's parser, built once per process (parsing leaves it as it was;
+    the tool's tests call `main` a thousand times)."""
     parser = argparse.ArgumentParser(
         prog="xpu-series",
         description=(__doc__ or "").split("\n\n")[0],

@@ -182,6 +182,17 @@ class Git:
         return [line for line in out.splitlines() if line.strip()]
 
     def git_dir(self) -> Path:
+        """The repository's git folder. At a work tree's top, read off `.git`
+        (a folder, or a worktree's `gitdir:` file) without running git: the
+        tree's record is read and written through here many times a command."""
+        dot = self.repo / ".git"
+        if dot.is_dir():
+            return dot
+        if dot.is_file():
+            first = dot.read_text(errors="replace").partition("\n")[0]
+            if first.startswith("gitdir: "):
+                path = Path(first[len("gitdir: ") :].strip())
+                return path if path.is_absolute() else self.repo / path
         path = Path(self.out("rev-parse", "--git-dir"))
         return path if path.is_absolute() else self.repo / path
 

@@ -6,6 +6,7 @@ import hashlib
 import io
 import os
 import re
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -160,14 +161,8 @@ class Project:
         assert self.run("refresh").code == 0
 
 
-@pytest.fixture
-def project(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Project:
-    root = tmp_path / "proj"
-    root.mkdir()
-    wheel = tmp_path / wheel_name("0.0.1")
-    sha = build_wheel(wheel, BASE_FILES)
-    write_pin(root, "0.0.1", sha)
-    (root / "patches" / "series").write_text("# test series\n")
+def _runner(root: Path, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
+    """The CLI on `root`, in this process, its output captured."""
 
     def run(*args: str) -> Result:
         capsys.readouterr()
@@ -175,11 +170,49 @@ def project(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Project:
         captured = capsys.readouterr()
         return Result(code, captured.out, captured.err)
 
-    proj = Project(root, wheel, sha, run)
-    result = run("fetch", "--wheel", str(wheel))
-    assert result.code == 0, result.err
-    assert run("apply").code == 0
-    return proj
+    return run
+
+
+# Files of a fetched and applied project that name where it was made: the
+# wheel's recorded origin and the tree's remote (its base cache).
+_PLACED = ("build/cache/wheels/*/origin", "build/sglang/.git/config")
+
+
+@pytest.fixture(scope="session")
+def _fresh_project(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """One project fetched and applied as `project` wants it, made once: a
+    test gets a copy (a fetch and an apply are most of a small test's time)."""
+    made = tmp_path_factory.mktemp("template")
+    root = made / "proj"
+    root.mkdir()
+    wheel = made / wheel_name("0.0.1")
+    sha = build_wheel(wheel, BASE_FILES)
+    write_pin(root, "0.0.1", sha)
+    (root / "patches" / "series").write_text("# test series\n")
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv("XPU_SERIES_CACHE", raising=False)  # its cache in the project
+        for args in (("fetch", "--wheel", str(wheel)), ("apply",)):
+            code = main(["-C", str(root), *args])
+            assert code == 0, f"the template project's {args[0]} failed"
+    return made
+
+
+@pytest.fixture
+def project(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], _fresh_project: Path
+) -> Project:
+    """A scratch project on the synthetic pin, fetched and applied: a copy of
+    the session's template with its two recorded paths moved to the copy."""
+    root = tmp_path / "proj"
+    shutil.copytree(_fresh_project / "proj", root, symlinks=True)
+    wheel = tmp_path / wheel_name("0.0.1")
+    shutil.copy2(_fresh_project / wheel.name, wheel)
+    for pattern in _PLACED:
+        for path in root.glob(pattern):
+            text = path.read_text().replace(str(_fresh_project), str(tmp_path))
+            path.write_text(text)
+    sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    return Project(root, wheel, sha, _runner(root, capsys))
 
 
 @pytest.fixture
