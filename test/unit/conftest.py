@@ -161,18 +161,6 @@ class Project:
         assert self.run("refresh").code == 0
 
 
-def _runner(root: Path, capsys: pytest.CaptureFixture[str]) -> Callable[..., Result]:
-    """The CLI on `root`, in this process, its output captured."""
-
-    def run(*args: str) -> Result:
-        capsys.readouterr()
-        code = main(["-C", str(root), *args])
-        captured = capsys.readouterr()
-        return Result(code, captured.out, captured.err)
-
-    return run
-
-
 # Files of a fetched and applied project that name where it was made: the
 # wheel's recorded origin and the tree's remote (its base cache).
 _PLACED = ("build/cache/wheels/*/origin", "build/sglang/.git/config")
@@ -212,7 +200,14 @@ def project(
             text = path.read_text().replace(str(_fresh_project), str(tmp_path))
             path.write_text(text)
     sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
-    return Project(root, wheel, sha, _runner(root, capsys))
+
+    def run(*args: str) -> Result:
+        capsys.readouterr()
+        code = main(["-C", str(root), *args])
+        captured = capsys.readouterr()
+        return Result(code, captured.out, captured.err)
+
+    return Project(root, wheel, sha, run)
 
 
 @pytest.fixture
