@@ -287,6 +287,9 @@ def step_key(digest: str, step: Step) -> str:
 class Outcome:
     step: Step
     seconds: float = 0.0
+    # When it started, in seconds after the run did: with `seconds`, the run's
+    # timeline (where a core sat idle).
+    started_s: float | None = None
     # CPU seconds (user + system) of the step and every process it started (see
     # reap): on two cores the lanes share, this is what a step really costs.
     cpu_s: float = 0.0
@@ -328,6 +331,7 @@ class Run:
                     "tag": o.step.tag,
                     "title": o.step.title,
                     "lane": o.step.lane,
+                    "started_s": None if o.started_s is None else round(o.started_s, 1),
                     "seconds": round(o.seconds, 1),
                     "cpu_s": round(o.cpu_s, 1),
                     "sys_s": round(o.sys_s, 1),
@@ -407,6 +411,7 @@ def _run_process(
     passed = ROOT / CACHE / f"{key}.json"
     logs = REPORTS / "steps"
     start = time.monotonic()
+    outcome.started_s = start - run.start
     # Its own process group: a step past its limit is stopped with its children.
     # Under reap: what it leaves behind is waited for, and counted.
     proc = subprocess.Popen(

@@ -66,6 +66,20 @@ def test_the_default_is_the_last_move_and_it_starts_where_history_says(
     assert bench.start_of(history, first)[1] == []
 
 
+def test_quick_takes_the_last_move_that_needs_no_carry(history: Path) -> None:
+    moves = bench.recorded_moves(history)
+    quick = bench.parse_args(["--quick"])
+    move = bench.pick_move(moves, quick.onto, quick.quick)
+    assert (move.old, move.new) == ("0.0.1", "0.0.2")
+    assert bench.start_of(history, move)[1] == []
+    # A later move of a commit of its own is the first of that commit.
+    _commit(history, {"patches/moves/0.0.3-to-0.0.4.plan": "# x\n"}, "next move")
+    move = bench.pick_move(bench.recorded_moves(history), None, True)
+    assert (move.old, move.new) == ("0.0.3", "0.0.4")
+    # --onto still names the move, quick or not.
+    assert bench.pick_move(moves, "0.0.3", True).old == "0.0.2"
+
+
 def test_a_move_not_recorded_is_refused_with_the_ones_that_are(history: Path) -> None:
     moves = bench.recorded_moves(history)
     with pytest.raises(SystemExit) as refused:

@@ -156,6 +156,9 @@ def test_every_step_is_timed_and_summed_up(steps, capsys) -> None:
     assert all(s["code"] == 0 for s in report["steps"])
     assert report["steps"][1]["seconds"] >= 0.3
     assert report["steps"][3]["cpu_s"] >= 0.4
+    # The timeline: bootstrap first, the lanes after it.
+    first, *rest = (s["started_s"] for s in report["steps"])
+    assert 0 <= first <= min(rest) and max(rest) < report["wall_s"]
     assert "one done" in (steps.REPORTS / "steps" / "one.log").read_text()
     table = (steps.REPORTS / "steps.md").read_text()
     assert re.search(r"^\| one \| tool \| 0\.\d+s \| 0\.\d+s \| ok \|$", table, re.M)
