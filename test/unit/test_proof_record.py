@@ -227,6 +227,56 @@ def test_mutants_stand_on_their_record_until_a_re_proof_disagrees(
     )
 
 
+def test_a_sampled_re_proof_runs_a_seeded_few_mutants_and_compares_those(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    first = recorded.run("verify", "--mutants", "--record", "--json")
+    assert first.code == 0, first.err
+    made = {p["name"]: p["made"] for p in json.loads(first.out)["patches"]}
+    big = max(made, key=lambda n: made[n])
+    assert made[big] >= 2, made
+    # Every unchanged patch is in the sample; each runs one of its mutants.
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "3")
+    monkeypatch.setenv("XPU_SERIES_PROOF_MUTANTS", "1")
+    monkeypatch.setenv("XPU_SERIES_PROOF_SEED", "5")
+
+    def spot() -> tuple[int, dict[str, dict], str]:
+        done = recorded.run("verify", "--mutants", "--json")
+        patches = {p["name"]: p for p in json.loads(done.out)["patches"]}
+        return done.code, patches, done.err
+
+    code, patches, err = spot()
+    assert code == 0, err
+    ran = patches[big]["spot_checked"]
+    assert len(ran) == 1 and patches[big]["made"] == made[big]
+    assert patches[big]["killed"] == 1 and patches[big]["ok"]
+    assert f"{big}: spot-checking 1 of its {made[big]} mutants (seed 5)" in err
+    table = recorded.run("verify", "--mutants").out
+    assert f"spot-checked 1/{made[big]}" in table
+    # The same seed runs the same mutant.
+    assert spot()[1][big]["spot_checked"] == ran
+    # A record that says a mutant survived where it is killed: seen when the
+    # spot check runs that mutant, not when it runs another.
+    path = recorded.patches / "proofs.json"
+    record = json.loads(path.read_text())
+    kept = record["patches"][big]["mutants"]["result"]
+    kept["survived"] = [{"id": "0123456789", "diff": "x", "operator": "y"}]
+    path.write_text(json.dumps(record))
+    assert spot()[0] == 0
+    kept["survived"] = [{"id": ran[0], "diff": "x", "operator": "y"}]
+    path.write_text(json.dumps(record))
+    code, _, err = spot()
+    assert code == 1
+    assert f"{big}: the re-proof disagrees with its record: killed now: {ran[0]}" in (
+        err
+    )
+    # A run that records runs every mutant (and so replaces the planted record).
+    again = recorded.run("verify", "--mutants", "--record", "--json")
+    assert again.code == 0, again.err
+    rows = {p["name"]: p for p in json.loads(again.out)["patches"]}
+    assert rows[big]["spot_checked"] is None and rows[big]["killed"] == made[big]
+
+
 def _inputs(project: Project) -> dict[str, dict[str, str]]:
     from xpu_series.project import find_project
     from xpu_series.proofs.record import patch_inputs

@@ -282,6 +282,8 @@ def _mutants_source(patch: PatchMutants, check: RecordCheck) -> str:
     """record (trusted), re-proven (the sample, or --all), cache or ran."""
     if patch.recorded is not None:
         return "record"
+    if patch.spot is not None:
+        return f"spot-checked {len(patch.ran)}/{len(patch.made)}"
     if patch.name in check.reproven:
         return "re-proven"
     return "cache" if patch.cached else "ran"

@@ -26,6 +26,7 @@ from xpu_series.proofs.mutants import (
     run_worker,
 )
 from xpu_series.proofs.proof import Worktrees, load_outcomes, outcome_key, store_json
+from xpu_series.proofs.record import sample, spot_size
 from xpu_series.proofs.series_proof import (
     MUTANTS_FOLDER,
     Proving,
@@ -124,6 +125,9 @@ def run_mutants(
     carried = project.series().patches
     cache = project.cache_dir / "mutants"
     again = set(plan.reprove)
+    # The sample's re-proofs run a seeded few of their mutants; a run that
+    # records, or re-proves everything or what was named, runs them all.
+    spot = 0 if plan.seed is None or proving.record else spot_size()
     for k in chosen:
         name = names[k - 1]
         tests = tuple(carried[k - 1].header.fast_tests)
@@ -138,6 +142,12 @@ def run_mutants(
         if only:
             made = [m for m in made if m.id == only]
         entry = PatchMutants(name, tests, made, {}, reasons)
+        if k in again and spot and len(made) > spot and plan.seed is not None:
+            entry.spot = frozenset(sample(plan.seed, [m.id for m in made], spot))
+            tell(
+                f"{name}: spot-checking {spot} of its {len(made)} mutants (seed "
+                f"{plan.seed}); its record stands for the others"
+            )
         result.patches.append(entry)
         if tests and made:
             tree_id = git.out("rev-parse", f"{commits[k]}^{{tree}}")
@@ -203,9 +213,9 @@ def _run_work(
                 return
             ran[0] += 1
             ran[1] += row["outcome"] != "survived"
-            if ran[0] % MUTANT_BATCH == 0 and ran[0] < len(entry.made):
+            if ran[0] % MUTANT_BATCH == 0 and ran[0] < len(entry.ran):
                 tell(
-                    f"{entry.name}: {ran[0]}/{len(entry.made)} mutants run, "
+                    f"{entry.name}: {ran[0]}/{len(entry.ran)} mutants run, "
                     f"{ran[1]} killed ({_elapsed(start)})"
                 )
 
@@ -213,7 +223,7 @@ def _run_work(
             Git(worktree).run("checkout", "-q", "-f", "--detach", commits[k])
             prime(Git(worktree), project.cache_dir)
             entry.baseline, entry.outcomes, entry.seconds = run_worker(
-                project.root, worktree, entry.tests, entry.made,
+                project.root, worktree, entry.tests, entry.ran,
                 MUTANT_TIMEOUT_FLOOR_S, heard,
             )  # fmt: skip
         finally:
@@ -223,14 +233,15 @@ def _run_work(
             store_json(cache, key, {"outcomes": entry.outcomes})
         with lock:
             finished[0] += 1
+            of = "" if entry.spot is None else f" of {len(entry.made)}"
             tell(
-                f"{entry.name}: {len(entry.made)} mutants, {entry.killed} killed, "
+                f"{entry.name}: {len(entry.ran)}{of} mutants, {entry.killed} killed, "
                 f"{len(entry.survivors)} survived in {entry.seconds:.0f}s "
                 f"[{finished[0]}/{total} patches, {_elapsed(start)}]"
             )
 
     # The biggest patches first, so the pool ends together.
-    work.sort(key=lambda item: -len(item[1].made))
+    work.sort(key=lambda item: -len(item[1].ran))
     with ThreadPoolExecutor(max_workers=len(pool.free)) as executor:
         for future in [executor.submit(job, *item) for item in work]:
             future.result()

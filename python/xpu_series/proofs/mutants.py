@@ -331,6 +331,16 @@ class PatchMutants:
     cached: bool = False  # outcomes of an unchanged tree, tests and mutants
     # The record this result stands on instead of a run (see record_result).
     recorded: dict[str, Any] | None = None
+    # A sampled re-proof of an unchanged record runs these mutants only (a
+    # seeded few, see record.spot_size); None: every mutant made.
+    spot: frozenset[str] | None = None
+
+    @property
+    def ran(self) -> list[Mutant]:
+        """The mutants this run puts to the tests."""
+        if self.spot is None:
+            return self.made
+        return [m for m in self.made if m.id in self.spot]
 
     @property
     def survivors(self) -> list[Mutant]:
@@ -376,7 +386,7 @@ class PatchMutants:
         return (
             self.baseline == "survived"
             and not self.unaccepted
-            and (len(self.outcomes) == len(self.made))
+            and (len(self.outcomes) == len(self.ran))
         )
 
     def record_result(self) -> dict[str, Any]:
@@ -400,13 +410,15 @@ class PatchMutants:
         number of mutants, or which survived. A mutant stopped by its time limit
         in either run is left out: a timeout counts as a kill, and whether a
         slow test reaches its limit depends on the machine's load; each run's
-        own verdict already judged it."""
+        own verdict already judged it. A spot check compares the mutants it ran."""
         if self.made_count != recorded["made"]:
             return f"{recorded['made']} mutants recorded, {self.made_count} made now"
         slow = set(recorded.get("timed_out", []))
         slow |= {i for i, o in self.outcomes.items() if o == "timeout"}
         now = {row["id"] for row in self.survived_rows()} - slow
         then = {row["id"] for row in recorded["survived"]} - slow
+        if self.spot is not None:
+            now, then = now & self.spot, then & self.spot
         parts = []
         if now - then:
             parts.append("survived now: " + ", ".join(sorted(now - then)))
@@ -431,6 +443,8 @@ class PatchMutants:
             "baseline_passes": self.baseline == "survived",
             "seconds": round(self.seconds, 1),
             "cached": self.cached,
+            # A spot check: the ids of the mutants it ran (killed counts them).
+            "spot_checked": None if self.spot is None else sorted(self.spot),
             "source": "record" if self.recorded is not None else "run",
             "ok": self.ok,
         }

@@ -37,6 +37,12 @@ ALL_ENV = "XPU_SERIES_PROVE_ALL"
 # How many unchanged patches a run re-proves (default SAMPLE).
 SAMPLE_ENV = "XPU_SERIES_PROOF_SAMPLE"
 SAMPLE = 2
+# How many of a sampled patch's mutants its re-proof runs (default SPOT): a
+# seeded few, so a patch of 146 mutants, or of servers that hang until their
+# time limit, costs a run what a small one does. Its full proof, --all, the
+# weekly workflow and --record run every mutant.
+SPOT_ENV = "XPU_SERIES_PROOF_MUTANTS"
+SPOT = 8
 # The parts of a patch's record: its proof (verify) and its mutants.
 PARTS = ("verify", "mutants")
 
@@ -388,6 +394,15 @@ def sample_size() -> int:
         return max(0, int(text)) if text else SAMPLE
     except ValueError:
         raise SeriesError(f"{SAMPLE_ENV}={text!r} is not a whole number") from None
+
+
+def spot_size() -> int:
+    """How many mutants a sampled re-proof runs (0: every one)."""
+    text = os.environ.get(SPOT_ENV, "").strip()
+    try:
+        return max(0, int(text)) if text else SPOT
+    except ValueError:
+        raise SeriesError(f"{SPOT_ENV}={text!r} is not a whole number") from None
 
 
 def prove_all_asked() -> bool:
