@@ -251,10 +251,6 @@ def test_a_sampled_re_proof_runs_a_seeded_few_mutants_and_compares_those(
     assert len(ran) == 1 and patches[big]["made"] == made[big]
     assert patches[big]["killed"] == 1 and patches[big]["ok"]
     assert f"{big}: spot-checking 1 of its {made[big]} mutants (seed 5)" in err
-    table = recorded.run("verify", "--mutants").out
-    assert f"spot-checked 1/{made[big]}" in table
-    # The same seed runs the same mutant.
-    assert spot()[1][big]["spot_checked"] == ran
     # A record that says a mutant survived where it is killed: seen when the
     # spot check runs that mutant, not when it runs another.
     path = recorded.patches / "proofs.json"
@@ -262,7 +258,9 @@ def test_a_sampled_re_proof_runs_a_seeded_few_mutants_and_compares_those(
     kept = record["patches"][big]["mutants"]["result"]
     kept["survived"] = [{"id": "0123456789", "diff": "x", "operator": "y"}]
     path.write_text(json.dumps(record))
-    assert spot()[0] == 0
+    unseen = recorded.run("verify", "--mutants")
+    assert unseen.code == 0, unseen.err
+    assert f"spot-checked 1/{made[big]}" in unseen.out
     kept["survived"] = [{"id": ran[0], "diff": "x", "operator": "y"}]
     path.write_text(json.dumps(record))
     code, _, err = spot()
