@@ -203,7 +203,7 @@ def test_behavioural_matrix_says_which_release_still_needs_each_patch(
 
 
 def test_one_worker_runs_every_release_from_its_own_tree(
-    project: Project, tmp_path
+    project: Project, tmp_path, monkeypatch
 ) -> None:
     # One lane: the same worker interpreter runs both releases' tests, each
     # fork importing sglang from its own release's worktree. A fork that kept
@@ -225,7 +225,11 @@ def test_one_worker_runs_every_release_from_its_own_tree(
     )
     # Two lanes (runs in either order, from a fresh cache) measure the same.
     shutil.rmtree(project.root / "build" / "cache" / "outcomes")
+    from xpu_series.proofs import proof
+
+    monkeypatch.setattr(proof, "RUNS_PER_LANE", 1)  # two lanes, however few runs
     two = project.run(*args, "--jobs", "2")
+    assert "2 at a time" in two.err
     assert _verdicts(two) == _verdicts(one)
 
 

@@ -52,6 +52,27 @@ def test_proven_series_passes(verified: Project) -> None:
     assert re.search(r"^prefix-1: 2 passed in \d+s \[\d/2 runs", result.err, re.M)
 
 
+def test_a_few_runs_share_one_worker_and_more_take_every_lane(
+    verified: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from xpu_series.proofs import proof
+
+    def proven(result) -> list[tuple]:
+        assert result.code == 0, result.err
+        rows = json.loads(result.out)["patches"]
+        return [(p["verdict"], p["without"], p["with"]) for p in rows]
+
+    # Two runs: a second worker would cost more than it saves.
+    few = verified.run("verify", "-j", "2", "--fresh", "--json")
+    assert "2 test run(s), 1 at a time" in few.err
+    # Where each lane gets a run's worth of work, -j lanes run side by side and
+    # prove the same.
+    monkeypatch.setattr(proof, "RUNS_PER_LANE", 1)
+    more = verified.run("verify", "-j", "2", "--fresh", "--json")
+    assert "2 test run(s), 2 at a time" in more.err
+    assert proven(more) == proven(few)
+
+
 def test_vacuous_broken_and_untested_patches_fail(verified: Project) -> None:
     always = _write_test(
         verified,

@@ -319,8 +319,12 @@ def _measure(
     def tell(line: str) -> None:
         # "<version> <40-hex commit>: ..." -> "matrix <version> <12-hex>: ..."
         version, _, rest = line.partition(" ")
-        if say is not None:
+        if say is None:
+            return
+        if version in left and rest[40:41] == ":":
             say(f"matrix {version} {rest[:12]}{rest[40:]}")
+        else:  # the runner's own lines (how many runs, how many at a time)
+            say(f"matrix: {line}")
 
     runner = PrefixRunner(
         project, plans[0].git, project.build_dir / "matrix", jobs, say=tell
