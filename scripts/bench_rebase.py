@@ -217,9 +217,7 @@ def by_hand(move: Move, patches: Path) -> float:
     cache = ROOT / "build" / "cache"
     base, _ = ensure_base_cache(fetch_wheel(new_pin, cache), new_pin, cache)
     old_pin = start_project.pin
-    old_base, _ = ensure_base_cache(
-        fetch_wheel(old_pin, cache, offline=True), old_pin, cache
-    )
+    old_base, _ = ensure_base_cache(fetch_wheel(old_pin, cache), old_pin, cache)
     skip = decided(patches.parent / move.plan)
     series = start_project.series().patches
     todo = [str(p.path) for p in series if p.name not in skip]
