@@ -275,6 +275,18 @@ def test_a_sampled_re_proof_runs_a_seeded_few_mutants_and_compares_those(
     assert rows[big]["spot_checked"] is None and rows[big]["killed"] == made[big]
 
 
+@pytest.mark.parametrize(
+    "name", ["XPU_SERIES_PROOF_MUTANTS", "XPU_SERIES_PROOF_SAMPLE"]
+)
+def test_a_count_that_is_not_a_number_is_named(
+    verified: Project, monkeypatch: pytest.MonkeyPatch, name: str
+) -> None:
+    monkeypatch.setenv(name, "a few")
+    done = verified.run("verify", "--mutants")
+    assert done.code != 0
+    assert f"{name}='a few' is not a whole number" in done.err
+
+
 def _inputs(project: Project) -> dict[str, dict[str, str]]:
     from xpu_series.project import find_project
     from xpu_series.proofs.record import patch_inputs

@@ -388,21 +388,23 @@ def run_seed() -> int:
     return random.SystemRandom().randrange(1, 10**9)
 
 
-def sample_size() -> int:
-    text = os.environ.get(SAMPLE_ENV, "").strip()
+def _count(name: str, default: int) -> int:
+    """A count from the environment variable `name` (`default` when unset)."""
+    text = os.environ.get(name, "").strip()
     try:
-        return max(0, int(text)) if text else SAMPLE
+        return max(0, int(text)) if text else default
     except ValueError:
-        raise SeriesError(f"{SAMPLE_ENV}={text!r} is not a whole number") from None
+        raise SeriesError(f"{name}={text!r} is not a whole number") from None
+
+
+def sample_size() -> int:
+    """How many unchanged patches a run re-proves."""
+    return _count(SAMPLE_ENV, SAMPLE)
 
 
 def spot_size() -> int:
     """How many mutants a sampled re-proof runs (0: every one)."""
-    text = os.environ.get(SPOT_ENV, "").strip()
-    try:
-        return max(0, int(text)) if text else SPOT
-    except ValueError:
-        raise SeriesError(f"{SPOT_ENV}={text!r} is not a whole number") from None
+    return _count(SPOT_ENV, SPOT)
 
 
 def prove_all_asked() -> bool:
