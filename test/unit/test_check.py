@@ -10,6 +10,8 @@ from pathlib import Path
 
 from conftest import Project, git, local_index
 
+from xpu_series.proofs.record import sample
+
 
 def test_clean_series_checks_ok(three_patches: Project) -> None:
     result = three_patches.run("check", "--json")
@@ -368,6 +370,30 @@ def test_the_matrix_record_stands_for_unchanged_cells_of_served_releases(
     assert _verdicts(trusted) == _verdicts(first)
     row = json.loads(trusted.out)["patches"][0]
     assert row["detail"]["0.0.0"].endswith("(matrix record)")
+
+    # Each cell keeps how long its runs took, and the sample passes over a
+    # costly later pick (proofs/record.py: sample) as verify's does: the first
+    # pick costs past the budget and is taken, the second is passed over.
+    original = record.read_text()
+    timed = json.loads(original)
+    cells = timed["releases"]["0.0.0"]
+    assert all(isinstance(c["result"]["seconds"], int) for c in cells.values())
+    labels = [f"0.0.0 {name}" for name in sorted(cells)]
+    ranked = sample(4, labels, 1)
+    ranked += [n for n in sample(4, labels, 2) if n not in ranked]
+    ranked += [n for n in labels if n not in ranked]
+    for label, seconds in zip(ranked, (900, 900, 1), strict=True):
+        cells[label.split(" ", 1)[1]]["result"]["seconds"] = seconds
+    record.write_text(json.dumps(timed))
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "2")
+    monkeypatch.setenv("XPU_SERIES_PROOF_SEED", "4")
+    bounded = project.run(*args)
+    assert bounded.code == 0, bounded.err
+    again = re.search(r"re-measuring (.*) \(seed 4;", bounded.err)
+    assert again and sorted(again[1].split(", ")) == sorted([ranked[0], ranked[2]])
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    monkeypatch.delenv("XPU_SERIES_PROOF_SEED")
+    record.write_text(original)
 
     # Every cell re-measured (the weekly run): one the record tells wrong fails.
     kept = record.read_text()

@@ -275,8 +275,54 @@ def test_a_sampled_re_proof_runs_a_seeded_few_mutants_and_compares_those(
     assert rows[big]["spot_checked"] is None and rows[big]["killed"] == made[big]
 
 
+def test_the_sample_passes_over_a_costly_later_pick_for_verify_and_mutants(
+    recorded: Project, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert recorded.run("verify", "--mutants", "--record").code == 0
+    path = recorded.patches / "proofs.json"
+    record = json.loads(path.read_text())
+    names = sorted(record["patches"])
+    # Each full proof keeps how long its two runs took.
+    for name in names:
+        seconds = record["patches"][name]["verify"]["result"]["seconds"]
+        assert isinstance(seconds, int) and seconds >= 0, (name, seconds)
+    seed = 3
+    ranked = sample(seed, names, 1)
+    ranked += [n for n in sample(seed, names, 2) if n not in ranked]
+    ranked += [n for n in names if n not in ranked]
+    # The first pick costs far past the budget and is still taken; the second
+    # costs past it and is passed over for the third. Seconds are no part of a
+    # record's key: the record still stands.
+    for name, seconds in zip(ranked, (900, 900, 1), strict=True):
+        record["patches"][name]["verify"]["result"]["seconds"] = seconds
+    path.write_text(json.dumps(record))
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "2")
+    monkeypatch.setenv("XPU_SERIES_PROOF_SEED", str(seed))
+    monkeypatch.setenv("XPU_SERIES_PROOF_MUTANTS", "1")
+
+    def picked() -> tuple[list[str], list[str]]:
+        code, sources, err = _sources(recorded)
+        assert code == 0, err
+        done = recorded.run("verify", "--mutants", "--json")
+        assert done.code == 0, done.err
+        spotted = [
+            p["name"][:4]
+            for p in json.loads(done.out)["patches"]
+            if p["spot_checked"] is not None
+        ]
+        return sorted(n for n, s in sources.items() if s == "re-proven"), spotted
+
+    within = sorted(n[:4] for n in (ranked[0], ranked[2]))
+    assert picked() == (within, within)
+    # A budget the second pick fits: the plain sample again.
+    monkeypatch.setenv("XPU_SERIES_PROOF_BUDGET", "1000")
+    plain = sorted(n[:4] for n in ranked[:2])
+    assert picked() == (plain, plain)
+
+
 @pytest.mark.parametrize(
-    "name", ["XPU_SERIES_PROOF_MUTANTS", "XPU_SERIES_PROOF_SAMPLE"]
+    "name",
+    ["XPU_SERIES_PROOF_MUTANTS", "XPU_SERIES_PROOF_SAMPLE", "XPU_SERIES_PROOF_BUDGET"],
 )
 def test_a_count_that_is_not_a_number_is_named(
     verified: Project, monkeypatch: pytest.MonkeyPatch, name: str

@@ -44,6 +44,9 @@ class PatchProof:
     # ran (no record, or its key changed), re-proven (the record's sample, or
     # --all), or record (unchanged, trusted from patches/proofs.json)
     source: str = "ran"
+    # How long its two test runs took (None: not known, e.g. a trusted record):
+    # the record keeps it, for what the sample may cost (record.sample).
+    seconds: float | None = None
 
     @property
     def only_errors(self) -> bool:
@@ -62,13 +65,17 @@ class PatchProof:
         }
 
     def record_result(self) -> dict[str, Any]:
-        """What patches/proofs.json keeps of this proof."""
-        return {
+        """What patches/proofs.json keeps of this proof (its seconds are not
+        compared: a re-proof agrees on what it counted, not on its time)."""
+        kept: dict[str, Any] = {
             "tests": list(self.tests),
             "without": self.without.to_json(),
             "with": self.with_patch.to_json(),
             "verdict": self.verdict,
         }
+        if self.seconds is not None:
+            kept["seconds"] = round(self.seconds)
+        return kept
 
     def disagreement(self, recorded: dict[str, Any]) -> str:
         """How this proof differs from a recorded one ("" when it agrees)."""
@@ -176,10 +183,11 @@ def run_verify(
             labels[(k, at)] = label
             runs[label] = Run(prefix[at], list(tests[k - 1]), fresh=k in again)
     by_label: dict[str, dict[str, str]] = {}
+    took: dict[str, float] = {}
     if runs:
         runner = PrefixRunner(project, prefixes.git, prefixes.root, jobs, fresh, say)
         by_label = runner.run(runs)
-        result.logs = runner.logs
+        result.logs, took = runner.logs, runner.seconds
     for k in chosen:
         name, spec = names[k - 1], tests[k - 1]
         if k in plan.trusted:
@@ -217,8 +225,10 @@ def run_verify(
             verdict = "error"
         else:
             verdict = judge(without, with_patch)
+        both = [took.get(labels[(k, at)]) for at in (k - 1, k)]
+        seconds = None if None in both else sum(both)  # type: ignore[arg-type]
         result.proofs.append(
-            PatchProof(name, spec, without, with_patch, verdict, source)
+            PatchProof(name, spec, without, with_patch, verdict, source, seconds)
         )
     proofs = {p.name: p for p in result.proofs}
     check_record(

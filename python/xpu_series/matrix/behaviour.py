@@ -45,11 +45,13 @@ from xpu_series.proofs.record import (
     PatchInputs,
     Recorded,
     SeriesFacts,
+    budget_s,
     in_ci,
     load_record,
     patch_inputs,
     plan_proofs,
     prove_all_asked,
+    recorded_seconds,
     sample_size,
 )
 from xpu_series.proofs.series_proof import SeriesPrefixes
@@ -116,6 +118,8 @@ class _Plan:
     # Patch index -> (without, with): from verify's record (the pin) or the
     # matrix record (a served older release); their runs are not made.
     recorded: dict[int, tuple[Counts, Counts | None]] = field(default_factory=dict)
+    # Patch index -> the seconds the matrix record keeps for its cell.
+    recorded_s: dict[int, float | None] = field(default_factory=dict)
     # Patch index -> its cell's key (the served releases below the pin).
     keys: dict[int, PatchInputs] = field(default_factory=dict)
     # Patch index -> the recorded cell a sampled re-measurement must equal.
@@ -143,18 +147,27 @@ class _Plan:
                 if k in self.reprove:
                     self.fresh.add(commit)
 
-    def cell(self, k: int, outcomes: dict[str, dict[str, str]]) -> Cell:
+    def cell(
+        self,
+        k: int,
+        outcomes: dict[str, dict[str, str]],
+        took: dict[str, float | None] | None = None,
+    ) -> Cell:
         """Patch k's counts, from the record or from this run's `outcomes`
-        (commit -> test -> outcome)."""
+        (commit -> test -> outcome), and how long its commits' runs took
+        (`took`, commit -> seconds; a trusted cell keeps its record's)."""
         status, after = self.steps[k]
         if k in self.recorded:
             without, with_patch = self.recorded[k]
-        else:
-            spec = self.tests[k]
-            without = count(outcomes.get(self.before[k], {}), spec)
-            applied = status in (PatchStatus.APPLIED, PatchStatus.MERGED)
-            with_patch = count(outcomes.get(after, {}), spec) if applied else None
-        return Cell(str(status), without, with_patch)
+            return Cell(str(status), without, with_patch, self.recorded_s.get(k))
+        spec = self.tests[k]
+        without = count(outcomes.get(self.before[k], {}), spec)
+        applied = status in (PatchStatus.APPLIED, PatchStatus.MERGED)
+        with_patch = count(outcomes.get(after, {}), spec) if applied else None
+        commits = [self.before[k], after] if applied else [self.before[k]]
+        both = [(took or {}).get(c) for c in commits]
+        seconds = None if None in both else sum(both)  # type: ignore[arg-type]
+        return Cell(str(status), without, with_patch, seconds)
 
 
 def _plan(project: Project, version: str, wheel: Path | None, report: Report) -> _Plan:
@@ -228,12 +241,14 @@ def _use_record(project: Project, plans: list[_Plan]) -> RecordUse:
         return RecordUse()
     chosen = list(keys)
     proof = plan_proofs(
-        labels, chosen, False, keys, recorded, prove_all_asked(), None, sample_size()
-    )
+        labels, chosen, False, keys, recorded, prove_all_asked(), None, sample_size(),
+        costs=recorded_seconds(recorded), budget=budget_s(),
+    )  # fmt: skip
     for i in proof.trusted:
         plan, k = where[i]
         cell = Cell.from_json(recorded[labels[i - 1]].result)  # type: ignore[index]
         plan.recorded[k] = (cell.without, cell.with_patch)
+        plan.recorded_s[k] = cell.seconds
     for i in proof.reprove:
         plan, k = where[i]
         plan.reprove[k] = Cell.from_json(recorded[labels[i - 1]].result)  # type: ignore[index]
@@ -351,12 +366,15 @@ def _measure(
         mine = {
             commit: outcomes.get(_label(version, commit), {}) for commit in plan.work
         }
+        took = {
+            commit: runner.seconds.get(_label(version, commit)) for commit in plan.work
+        }
         for k, (patch, spec) in enumerate(zip(plan.patches, plan.tests, strict=True)):
             row = rows[patch.name]
             status, _after = plan.steps[k]
             if row.text.get(version, "-") == "-":
                 row.text[version] = status  # a retired patch: check leaves it out
-            cell = plan.cell(k, mine)
+            cell = plan.cell(k, mine, took)
             plan.cells[k] = cell
             verdict = classify(cell.without, cell.with_patch, status, bool(spec))
             row.behaviour[version] = verdict

@@ -18,7 +18,7 @@ import hashlib
 import json
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -41,21 +41,30 @@ class Cell:
     status: str
     without: Counts
     with_patch: Counts | None
+    # How long the runs of its commits took when measured (None: not known):
+    # what re-measuring it costs the sample (proofs/record.py: sample). Never
+    # compared: a re-measured cell agrees on what it counted, not on its time.
+    seconds: float | None = field(default=None, compare=False)
 
     def to_json(self) -> dict[str, Any]:
-        return {
+        kept: dict[str, Any] = {
             "status": self.status,
             "without": self.without.to_json(),
             "with": None if self.with_patch is None else self.with_patch.to_json(),
         }
+        if self.seconds is not None:
+            kept["seconds"] = round(self.seconds)
+        return kept
 
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Cell:
         kept = data.get("with")
+        seconds = data.get("seconds")
         return cls(
             status=str(data["status"]),
             without=Counts(**data["without"]),
             with_patch=None if kept is None else Counts(**kept),
+            seconds=float(seconds) if isinstance(seconds, int | float) else None,
         )
 
 

@@ -152,6 +152,9 @@ class _Worker:
         )  # fmt: skip
         self.runs = 0
         self.dead = False
+        # How long the last run took in its fork (not the worker's own start,
+        # which the first run of a lane would otherwise carry); None: not said.
+        self.seconds: float | None = None
 
     def ask(self, worktree: Path, tests: list[str]) -> tuple[dict[str, str], str]:
         """Outcome per node id and the tail of pytest's output, as run_pytest,
@@ -173,6 +176,11 @@ class _Worker:
         except BrokenPipeError:
             answer = ""
         log = log_path.read_text(errors="replace") if log_path.is_file() else ""
+        try:
+            said = json.loads(answer)["seconds"] if answer else None
+        except (ValueError, KeyError, TypeError):
+            said = None
+        self.seconds = float(said) if isinstance(said, int | float) else None
         try:
             outcomes = json.loads(outcomes_path.read_text())
         except (OSError, ValueError):
@@ -244,12 +252,24 @@ def store_json(cache: Path, key: str, data: dict) -> None:
 def load_outcomes(cache: Path, key: str) -> dict[str, str] | None:
     """The outcomes stored under `key`; None when there are none (or the file is
     unreadable: then the run happens again)."""
+    return load_run(cache, key)[0]
+
+
+def load_run(cache: Path, key: str) -> tuple[dict[str, str] | None, float | None]:
+    """The outcomes stored under `key` and how long their run took (None where
+    the entry does not say)."""
     try:
         data = json.loads((cache / f"{key}.json").read_text())
     except (OSError, ValueError):
-        return None
-    outcomes = data.get("outcomes") if isinstance(data, dict) else None
-    return outcomes if isinstance(outcomes, dict) and outcomes else None
+        return None, None
+    if not isinstance(data, dict):
+        return None, None
+    outcomes = data.get("outcomes")
+    seconds = data.get("seconds")
+    return (
+        outcomes if isinstance(outcomes, dict) and outcomes else None,
+        float(seconds) if isinstance(seconds, int | float) else None,
+    )
 
 
 @dataclass
@@ -287,11 +307,16 @@ class PrefixRunner:
         self.cache = project.cache_dir / "outcomes"
         self.logs: dict[str, str] = {}
         self.cached: set[str] = set()
+        # How long each label's run took (a cached one: when it ran), where known.
+        self.seconds: dict[str, float] = {}
         # Hears a line per finished run (the label, its outcomes, its time).
         self.say = say
 
-    def _load(self, key: str) -> dict[str, str] | None:
-        return load_outcomes(self.cache, key)
+    def _load(self, key: str, label: str) -> dict[str, str] | None:
+        outcomes, seconds = load_run(self.cache, key)
+        if outcomes is not None and seconds is not None:
+            self.seconds[label] = seconds
+        return outcomes
 
     def _covering(self, tree_id: str, tests: list[str]) -> dict[str, str] | None:
         """The outcomes of `tests` from a stored run of more tests on the same
@@ -305,7 +330,9 @@ class PrefixRunner:
                 continue
             if not all(_covered(t, stored) for t in tests):
                 continue
-            outcomes = self._load(outcome_key(self.project, tree_id, stored))
+            outcomes = load_outcomes(
+                self.cache, outcome_key(self.project, tree_id, stored)
+            )
             if outcomes is None:
                 continue
             mine = {n: o for n, o in outcomes.items() if _covered(n, tests)}
@@ -315,11 +342,14 @@ class PrefixRunner:
 
     def _store(
         self, key: str, tree_id: str, tests: list[str], outcomes: dict[str, str],
-        log: str,
+        log: str, seconds: float | None,
     ) -> None:  # fmt: skip
         if not outcomes:
             return  # no outcome is never remembered: the next run tries again
-        store_json(self.cache, key, {"outcomes": outcomes, "log": log})
+        data: dict = {"outcomes": outcomes, "log": log}
+        if seconds is not None:
+            data["seconds"] = round(seconds, 1)
+        store_json(self.cache, key, data)
         # Which runs a tree has outcomes of: one file per run, never rewritten,
         # so verify and the matrix can store side by side.
         store_json(self.cache / "by-tree" / tree_id, key, {"tests": tests})
@@ -375,7 +405,7 @@ class PrefixRunner:
             key = outcome_key(self.project, tree_id, run.tests)
             hit = None
             if not (self.fresh or run.fresh):
-                hit = self._load(key) or self._covering(tree_id, run.tests)
+                hit = self._load(key, label) or self._covering(tree_id, run.tests)
             if hit is not None:
                 results[label] = hit
                 self.cached.add(label)
@@ -421,10 +451,12 @@ class PrefixRunner:
                         tree.run("checkout", "-q", "-f", "--detach", run.commit)
                         prime(tree, self.project.cache_dir)
                         outcomes, log, deaths = {}, "", ""
+                        took: float | None = None
                         for attempt in range(WORKER_ATTEMPTS):
                             if worker is None:
                                 worker = _Worker(self.project, worktree, every)
                             outcomes, log = worker.ask(worktree, run.tests)
+                            took = worker.seconds
                             if not worker.dead:
                                 break
                             # Killed during the run or while it waited for this
@@ -439,7 +471,9 @@ class PrefixRunner:
                     finally:
                         pool.give(worktree)
                     results[label], self.logs[label] = outcomes, log
-                    self._store(key, tree_id, run.tests, outcomes, log)
+                    if took is not None:
+                        self.seconds[label] = took
+                    self._store(key, tree_id, run.tests, outcomes, log, took)
                     self._tell(lock, label, outcomes, began, start, done, len(todo))
                     if finished is not None:
                         with lock:

@@ -43,6 +43,14 @@ SAMPLE = 2
 # weekly workflow and --record run every mutant.
 SPOT_ENV = "XPU_SERIES_PROOF_MUTANTS"
 SPOT = 8
+# What the sample's later picks may cost together, in the seconds their test
+# runs took when recorded (each record's "seconds"); the first pick is never
+# bounded. A patch whose tests start servers (100-135 s) re-proves as a run's
+# first pick only, and then beside light ones (3-16 s), not beside another such
+# patch: a run's sample costs one heavy proof at most. Every patch still comes
+# first in some runs, and the weekly workflow re-proves them all.
+BUDGET_ENV = "XPU_SERIES_PROOF_BUDGET"
+BUDGET_S = 30
 # The parts of a patch's record: its proof (verify) and its mutants.
 PARTS = ("verify", "mutants")
 
@@ -407,6 +415,21 @@ def spot_size() -> int:
     return _count(SPOT_ENV, SPOT)
 
 
+def budget_s() -> int:
+    """What the sample's later picks may cost together, in recorded seconds."""
+    return _count(BUDGET_ENV, BUDGET_S)
+
+
+def recorded_seconds(recorded: Mapping[str, Recorded] | None) -> dict[str, float]:
+    """Each patch's recorded seconds, where its record has them."""
+    out: dict[str, float] = {}
+    for name, entry in (recorded or {}).items():
+        seconds = entry.result.get("seconds")
+        if isinstance(seconds, int | float):
+            out[name] = float(seconds)
+    return out
+
+
 def prove_all_asked() -> bool:
     return os.environ.get(ALL_ENV, "").strip() not in ("", "0")
 
@@ -420,10 +443,13 @@ def plan_proofs(
     everything: bool,
     seed: int | None = None,
     size: int = SAMPLE,
+    *,
+    costs: Mapping[str, float] | None = None,
+    budget: float | None = None,
 ) -> ProofPlan:
     """Split `chosen` patches into proven, re-proven and trusted. Patches named
     on the command line are all run; the sample is drawn from the unchanged
-    ones by `seed` (see sample)."""
+    ones by `seed`, within `budget` by `costs` (see sample)."""
     plan = ProofPlan(everything=everything, keeping=recorded is not None)
     unchanged: list[int] = []
     for k in chosen:
@@ -438,28 +464,57 @@ def plan_proofs(
         plan.reprove = unchanged
         return plan
     plan.seed = run_seed() if seed is None else seed
-    picked = set(sample(plan.seed, [names[k - 1] for k in unchanged], size))
+    unchanged_names = [names[k - 1] for k in unchanged]
+    picked = set(sample(plan.seed, unchanged_names, size, costs, budget))
     plan.reprove = [k for k in unchanged if names[k - 1] in picked]
     plan.trusted = [k for k in unchanged if names[k - 1] not in picked]
     return plan
 
 
-def sample(seed: int, names: list[str], size: int) -> list[str]:
+def sample(
+    seed: int,
+    names: list[str],
+    size: int,
+    costs: Mapping[str, float] | None = None,
+    budget: float | None = None,
+) -> list[str]:
     """The `size` names whose hash with `seed` is lowest: each name's chance is
     the same, a seed always picks the same ones, and a patch added to the series
     changes the pick only by taking a place itself (so a run with one patch
     more costs what that patch costs, not a different sample).
 
+    With a `budget`, the first name in that order is always picked, and a later
+    one only while the later picks' `costs` (0 where unknown) stay within it:
+    a costly name is passed over there, for the next one that fits.
+
     >>> sample(7, ["a", "b", "c", "d"], 2) == sample(7, ["d", "c", "b", "a"], 2)
     True
     >>> set(sample(7, ["a", "b", "c"], 2)) <= set(sample(7, ["a", "b", "c", "e"], 3))
     True
+    >>> sample(7, ["a", "b", "c", "d"], 2)
+    ['a', 'c']
+    >>> sample(7, ["a", "b", "c", "d"], 2, {"c": 50, "a": 50, "d": 5}, 30)
+    ['c', 'd']
     """
 
     def rank(name: str) -> str:
         return hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()
 
-    return sorted(sorted(names, key=rank)[:size])
+    ranked = sorted(names, key=rank)
+    if budget is None:
+        return sorted(ranked[:size])
+    picked: list[str] = []
+    spent = 0.0
+    for name in ranked:
+        if len(picked) >= size:
+            break
+        cost = (costs or {}).get(name, 0.0)
+        if picked and spent + cost > budget:
+            continue
+        if picked:
+            spent += cost
+        picked.append(name)
+    return sorted(picked)
 
 
 def in_ci() -> bool:

@@ -19,11 +19,13 @@ from xpu_series.proofs.record import (
     ProofPlan,
     Recorded,
     SeriesFacts,
+    budget_s,
     in_ci,
     load_record,
     patch_inputs,
     plan_proofs,
     prove_all_asked,
+    recorded_seconds,
     sample_size,
     save_record,
 )
@@ -125,9 +127,16 @@ class SeriesPrefixes:
         facts = self.facts()
         inputs = {k: patch_inputs(facts, k) for k in chosen}
         everything = everything or prove_all_asked()
+        # What a re-proof costs is what its verify runs took, for the mutants
+        # too: both parts pick the same patches for the same seed.
+        timed = (
+            recorded
+            if part == "verify"
+            else load_record(self.project.patches_dir, "verify")
+        )
         plan = plan_proofs(
             self.names, chosen, named, inputs, recorded, everything, seed,
-            sample_size(),
+            sample_size(), costs=recorded_seconds(timed), budget=budget_s(),
         )  # fmt: skip
         return plan, inputs, recorded or {}
 
