@@ -314,10 +314,11 @@ def test_the_sample_passes_over_a_costly_later_pick_for_verify_and_mutants(
 
     within = sorted(n[:4] for n in (ranked[0], ranked[2]))
     assert picked() == (within, within)
-    # A budget the second pick fits: the plain sample again.
-    monkeypatch.setenv("XPU_SERIES_PROOF_BUDGET", "1000")
+    # A budget the second pick fits, or none (0): the plain sample again.
     plain = sorted(n[:4] for n in ranked[:2])
-    assert picked() == (plain, plain)
+    for budget in ("1000", "0"):
+        monkeypatch.setenv("XPU_SERIES_PROOF_BUDGET", budget)
+        assert picked() == (plain, plain)
 
 
 @pytest.mark.parametrize(
@@ -544,7 +545,44 @@ def test_the_matrix_reads_the_pins_cells_from_verifys_record(
     assert "record" not in rows["0003"]["detail"]["0.0.1"]
 
 
-def test_a_matrix_cell_is_keyed_by_its_release_and_status_too(tmp_path: Path) -> None:
+def test_a_retired_patchs_cell_on_the_pin_is_kept_in_the_matrix_record(
+    recorded: Project, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from conftest import BASE_FILES, build_wheel, wheel_name
+
+    # 0.0.2 has 0001's change: the rebase retires it, and on the new pin verify
+    # proves 0002 and 0003 only.
+    files = {**BASE_FILES, "sglang/srt/flags.py": "VALUE = 2\nNAME = 'upstream'\n"}
+    wheel = tmp_path / wheel_name("0.0.2")
+    build_wheel(wheel, files, version="0.0.2")
+    moved = recorded.run("rebase", "--onto", "0.0.2", "--wheel", str(wheel))
+    assert moved.code == 0, moved.err
+    assert (recorded.patches / "upstreamed" / "0001-raise-value.patch").is_file()
+    assert recorded.run("verify", "--record").code == 0
+    args = ("matrix", "0.0.2", "--behaviour", "--json")
+    written = recorded.run(*args, "--record")
+    assert written.code == 0, written.err
+    cells = json.loads((recorded.patches / "matrix-record.json").read_text())
+    assert sorted(cells["releases"]["0.0.2"]) == ["0001-raise-value.patch"]
+    # Next run: every cell of the pin from a record, none measured.
+    monkeypatch.setenv("XPU_SERIES_PROOF_SAMPLE", "0")
+    again = recorded.run(*args)
+    assert again.code == 0, again.err
+    assert (
+        "matrix 0.0.2: 0 test runs to make (2 patches from verify's record, "
+        "1 patches from the matrix record)" in again.err
+    )
+    rows = {p["name"][:4]: p for p in json.loads(again.out)["patches"]}
+    assert rows["0001"]["detail"]["0.0.2"].endswith("(matrix record)")
+    assert rows["0002"]["detail"]["0.0.2"].endswith("(verify's record)")
+    assert (
+        rows["0001"]["behaviour"] == json.loads(written.out)["patches"][0]["behaviour"]
+    )
+
+
+def test_a_matrix_cell_is_keyed_by_its_release_and_status_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from xpu_series.matrix.record import cell_inputs
     from xpu_series.proofs import record
 
@@ -563,4 +601,14 @@ def test_a_matrix_cell_is_keyed_by_its_release_and_status_too(tmp_path: Path) ->
     ]
     assert base.changed(cell_inputs(facts, 1, "0.5.20", "conflict").digests) == [
         "status"
+    ]
+    # The matrix's own code keys a cell too (the code that counts it).
+    from xpu_series.matrix import record as matrix_record
+
+    extra = tmp_path / "matrix_code.py"
+    extra.write_text("# one more line of matrix code\n")
+    real = matrix_record.matrix_code()
+    monkeypatch.setattr(matrix_record, "matrix_code", lambda: [*real, extra])
+    assert base.changed(cell_inputs(facts, 1, "0.5.20", "applied").digests) == [
+        "matrix-code"
     ]

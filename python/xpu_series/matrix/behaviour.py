@@ -118,6 +118,8 @@ class _Plan:
     # Patch index -> (without, with): from verify's record (the pin) or the
     # matrix record (a served older release); their runs are not made.
     recorded: dict[int, tuple[Counts, Counts | None]] = field(default_factory=dict)
+    # Of `recorded`, the patches whose cells are verify's (the pin's carried ones).
+    from_verify: set[int] = field(default_factory=set)
     # Patch index -> the seconds the matrix record keeps for its cell.
     recorded_s: dict[int, float | None] = field(default_factory=dict)
     # Patch index -> its cell's key (the served releases below the pin).
@@ -183,6 +185,12 @@ def _plan(project: Project, version: str, wheel: Path | None, report: Report) ->
     plan = _Plan(version, git, series, steps, before, tests)
     if version == project.pin.version:
         plan.recorded = dict(_recorded_pin(project, git, report, series, steps, before))
+        plan.from_verify = set(plan.recorded)
+        # The pin's cells verify does not prove (a retired patch's tests on the
+        # release that absorbed it) are kept in the matrix record, as a served
+        # older release's are: they are not measured again every run.
+        keys = _cell_keys(project, plan, base)
+        plan.keys = {k: key for k, key in keys.items() if series[k].retired}
     elif _served_below_pin(project, version):
         plan.keys = _cell_keys(project, plan, base)
     return plan
@@ -303,6 +311,15 @@ def _recorded_pin(
     return out
 
 
+def _kept(plan: _Plan) -> str:
+    """Where the cells not measured come from, for the plan's line."""
+    verify = len(plan.from_verify)
+    matrix = len(plan.recorded) - verify
+    parts = [f"{verify} patches from verify's record"] if verify else []
+    parts += [f"{matrix} patches from the matrix record"] if matrix else []
+    return f" ({', '.join(parts)})" if parts else ""
+
+
 def _label(version: str, commit: str) -> str:
     return f"{version} {commit}"
 
@@ -382,7 +399,8 @@ def _measure(
             if status in (PatchStatus.APPLIED, PatchStatus.MERGED):
                 detail += f"; with: {cell.with_patch}"
             if k in plan.recorded:
-                detail += " (verify's record)" if not plan.keys else " (matrix record)"
+                source = "verify's record" if k in plan.from_verify else "matrix record"
+                detail += f" ({source})"
             row.detail[version] = detail if spec else ""
             kept = plan.reprove.get(k)
             if kept is not None and kept != cell:
@@ -522,11 +540,9 @@ def run_matrix(
             plan.owe()
             if say is None:
                 continue
-            kept = f" ({len(plan.recorded)} patches from "
-            kept += "verify's record)" if not plan.keys else "the matrix record)"
             say(
                 f"matrix {plan.version}: {len(plan.work)} test runs to make"
-                + (kept if plan.recorded else "")
+                + _kept(plan)
             )
         _measure(project, matrix, plans, jobs, say)
         if use.stale and in_ci() and not record:

@@ -7,9 +7,11 @@ below it, what its tests read, the pin, the two trees, the proof code, the tool
 and the environment), plus the release and the patch's status there. A cell with
 no record, or whose key changed, is measured; an unchanged one is trusted unless
 the run's seeded sample picks it, and a re-measured cell that disagrees with its
-record fails the run. `XPU_SERIES_PROVE_ALL=1` measures every cell. The pin's
-column comes from verify's record instead, and releases newer than the pin are
-always measured (they are information, and new ones appear on the index).
+record fails the run. `XPU_SERIES_PROVE_ALL=1` measures every cell. On the pin,
+the carried patches' cells come from verify's record instead, and only the cells
+verify does not prove (retired patches' tests on the release that absorbed them)
+are kept here; releases newer than the pin are always measured (they are
+information, and new ones appear on the index).
 """
 
 from __future__ import annotations
@@ -81,12 +83,22 @@ def _digest(text: str) -> str:
     return hashlib.sha256(text.encode()).hexdigest()
 
 
+def matrix_code() -> list[Path]:
+    """The code that measures a cell and keeps it, beside the proof code."""
+    here = Path(__file__).resolve().parent
+    return [here / "behaviour.py", here / "record.py"]
+
+
 def cell_inputs(facts: SeriesFacts, k: int, release: str, status: str) -> PatchInputs:
     """The key of patch k (1-based) on `release`: its proof inputs there, the
-    release and its status."""
+    release and its status, and the matrix's own code."""
     digests = dict(patch_inputs(facts, k).digests)
     digests["release"] = _digest(release)
     digests["status"] = _digest(status)
+    code = hashlib.sha256()
+    for path in matrix_code():
+        code.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    digests["matrix-code"] = code.hexdigest()
     return PatchInputs(digests)
 
 

@@ -48,7 +48,7 @@ SPOT = 8
 # bounded. A patch whose tests start servers (100-135 s) re-proves as a run's
 # first pick only, and then beside light ones (3-16 s), not beside another such
 # patch: a run's sample costs one heavy proof at most. Every patch still comes
-# first in some runs, and the weekly workflow re-proves them all.
+# first in some runs, and the weekly workflow re-proves them all. 0: no bound.
 BUDGET_ENV = "XPU_SERIES_PROOF_BUDGET"
 BUDGET_S = 30
 # The parts of a patch's record: its proof (verify) and its mutants.
@@ -415,9 +415,10 @@ def spot_size() -> int:
     return _count(SPOT_ENV, SPOT)
 
 
-def budget_s() -> int:
-    """What the sample's later picks may cost together, in recorded seconds."""
-    return _count(BUDGET_ENV, BUDGET_S)
+def budget_s() -> int | None:
+    """What the sample's later picks may cost together, in recorded seconds
+    (None: no bound, as XPU_SERIES_PROOF_BUDGET=0 asks)."""
+    return _count(BUDGET_ENV, BUDGET_S) or None
 
 
 def recorded_seconds(recorded: Mapping[str, Recorded] | None) -> dict[str, float]:
