@@ -5,8 +5,8 @@
     scripts/test --list          the steps and their lanes
     scripts/test lint verify     only these steps (after bootstrap)
     scripts/test --serial        one step at a time (lanes one after another)
-    scripts/test -j 3            three steps at once (default: one per core),
-                                 and one more that mostly waits (not at -j 1)
+    scripts/test -j 3            three cores' worth of steps (default: the
+                                 cores), and one step more (not at -j 1)
     scripts/test --keep-going    every step, even after one failed (to time them)
 
 After bootstrap and the lints, six lanes share the cores (step_lanes.py says
@@ -16,8 +16,8 @@ the registered tests, the replay), the real servers of the stand-in, the
 installs (overlay, wheel, image), the upstream export with the benchmarks, and
 the tool's tests of its proofs. A lane runs its steps in order, one at a time
 (they share folders); a free core goes to the lane with the most work left
-(each step's `cost_s`). One step per core runs at a time (-j N to change), and
-one more if it `waits` (its servers start and stop, its tests prove timeouts).
+(each step's `cost_s`). One step more than the cores runs at a time (-j N to
+change the cores): each step waits part of its time (step_lanes.py says why).
 verify and its mutants have a folder each under build/ (each locks its own), so
 they may run side by side. Each step runs under `--reap` (a child subreaper):
 what it starts is waited for and counted in its CPU, and nothing it leaves
@@ -116,10 +116,6 @@ class Step:
     # CPU seconds of a cold run on two cores (build/reports/steps.json of a clean
     # clone, 1b36f41): only the order in which lanes get a core depends on it.
     cost_s: int = 60
-    # Mostly waits (servers it starts and stops, timeouts its tests prove): it
-    # kept under two thirds of a core busy over a cold run. Such a step may run
-    # as one step more than the cores, so that its waits do not idle a core.
-    waits: bool = False
 
 
 # The lanes that run side by side once the "first" steps are done.
@@ -156,17 +152,13 @@ STEPS: tuple[Step, ...] = (
          "tool tests (test/unit but its proofs' and the audit's) and doctests",
          (*PYTEST, "--durations=10", "--doctest-modules", "python/xpu_series",
           "test/unit", *(f"--ignore={t}" for t in (*PROOF_TESTS, AUDIT_TESTS))),
-         "tool",
-         # Not `waits`, though it used 63 s of CPU in 116 s: as the extra step
-         # beside the matrix and standin-scripts (a core and more each) it
-         # doubled the matrix's wall time, and the run took 630 s, not 616 s.
-         cost_s=63),
+         "tool", cost_s=63),
     Step("proof-tool-tests",
          "tool tests of the proofs (verify, records, matrix, upstream export)",
          (*PYTEST, "--durations=10", *PROOF_TESTS), "unit", cost_s=119),
     Step("script-tests",
          "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
-         (*PYTEST, "test/scripts"), "proof", cost_s=38, waits=True),
+         (*PYTEST, "test/scripts"), "proof", cost_s=38),
     Step("registration",
          "registration: every registered file is registered; nothing under test/manual",
          (PY, "scripts/check_registration.py"), "tool", cost_s=6),
@@ -196,7 +188,7 @@ STEPS: tuple[Step, ...] = (
          "XPU chunked-prefill suite on the CPU stand-in (real SGLang servers; see "
          "its README)",
          (*PYTEST, "-rs", "--durations=8", "test/manual/chunked_prefill"), "serve",
-         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=43, waits=True),
+         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=43),
     Step("xpu-suites",
          "XPU suites (test/manual, test/registered/e2e): import, collect, skip "
          "with reasons",
@@ -547,14 +539,13 @@ def main(argv: list[str]) -> int:
         "--jobs",
         type=int,
         default=os.cpu_count() or 1,
-        help="steps that run at once (default: one per core); with two or more, "
-        "a step that mostly waits may run as one more",
+        help="the cores the steps share (default: this machine's); with two or "
+        "more, one step more than that runs at once",
     )
     args = parser.parse_args(argv)
     if args.list:
         for step in STEPS:
-            waits = " (mostly waits: may run as one step more)" if step.waits else ""
-            print(f"{step.tag:16} {step.lane:6} {step.title}{waits}")
+            print(f"{step.tag:16} {step.lane:6} {step.title}")
         return 0
     known = {s.tag for s in STEPS}
     unknown = [s for s in args.steps if s not in known]

@@ -1,5 +1,5 @@
-"""When each step of scripts/test starts: lanes, cores, and one step more that
-waits. Standard library only (see run_steps.py)."""
+"""When each step of scripts/test starts: lanes, and one step more than the
+cores. Standard library only (see run_steps.py)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ class Lanestep(Protocol):
     """What the scheduler reads of a step (run_steps.Step)."""
 
     cost_s: int
-    waits: bool
 
 
 def run_lanes(
@@ -21,27 +20,28 @@ def run_lanes(
     work: Callable[[Lanestep], None],
 ) -> None:
     """Run `work` on every step: each lane's in its order and one at a time, up
-    to `jobs` steps at once, and with two jobs or more, one step more if it
-    `waits`. A free slot goes to the ready lane with the most cost_s left whose
-    next step fits: the longest lane starts first, so the run ends when the
-    cores run out of work, not when a lane started late is left to run alone.
+    to one step more than `jobs` at once (one at a time with one job). A free
+    slot goes to the ready lane with the most cost_s left: the longest lane
+    starts first, so the run ends when the cores run out of work, not when a
+    lane started late is left to run alone.
 
-    Not more than that, even while the steps running leave a core idle: on two
-    cores, starting steps into the idle time (up to two more, once 0.5 cores
-    had been idle for 8 s) cut the idle time of a cold run from 94 to 62
-    core-seconds but not its wall time (654 s both, the same proof seed): the
-    four steps at once spent what the idle cores gave."""
+    Why one more than the cores, of any kind: every step waits part of its time
+    (servers that start and stop, pip, buildah, worker interpreters loading),
+    and on two cores a third step fills those waits. Only steps marked as
+    mostly waiting took the third slot before; any step may now, and a clean
+    clone at the same proof seed took 627 s, not 679 s, for the same CPU (19m42s
+    and 19m46s). Two steps more (-j 3 on two cores) gained nothing (656 s
+    against 662 s): four steps at once spent in contention what the idle cores
+    gave. Starting steps into measured idle time (up to two more, once 0.5
+    cores had been idle for 8 s) did not shorten a run either (654 s both)."""
     pending = [list(lane) for lane in lanes]
     busy: list[Lanestep | None] = [None] * len(pending)
     turn = threading.Condition()
     cores = max(1, jobs)
     slots = cores + (1 if cores > 1 else 0)
 
-    def fits(step: Lanestep) -> bool:
-        running = [s for s in busy if s is not None]
-        if len(running) >= slots:
-            return False
-        return step.waits or sum(not s.waits for s in running) < cores
+    def fits() -> bool:
+        return sum(s is not None for s in busy) < slots
 
     def take() -> tuple[int, Lanestep] | None:
         with turn:
@@ -49,7 +49,7 @@ def run_lanes(
                 ready = [
                     i
                     for i, left in enumerate(pending)
-                    if left and busy[i] is None and fits(left[0])
+                    if left and busy[i] is None and fits()
                 ]
                 if ready:
                     # max() keeps the first of equals: the lanes' own order.
