@@ -28,12 +28,13 @@ def run_lanes(
     Why one more than the cores, of any kind: every step waits part of its time
     (servers that start and stop, pip, buildah, worker interpreters loading),
     and on two cores a third step fills those waits. Only steps marked as
-    mostly waiting took the third slot before; any step may now, and a clean
-    clone at the same proof seed took 627 s, not 679 s, for the same CPU (19m42s
-    and 19m46s). Two steps more (-j 3 on two cores) gained nothing (656 s
-    against 662 s): four steps at once spent in contention what the idle cores
-    gave. Starting steps into measured idle time (up to two more, once 0.5
-    cores had been idle for 8 s) did not shorten a run either (654 s both)."""
+    mostly waiting took the third slot before; any step may now. Clean clones
+    at proof seed 1, side by side: 643 s against 659 s (19m52s and 19m20s of
+    CPU), and in an earlier pair 627 s against 679 s. Two steps more (-j 3 on
+    two cores) gained nothing (656 s against 662 s): four steps at once spent
+    in contention what the idle cores gave. Starting steps into measured idle
+    time (up to two more, once 0.5 cores had been idle for 8 s) did not shorten
+    a run either (654 s both)."""
     pending = [list(lane) for lane in lanes]
     busy: list[Lanestep | None] = [None] * len(pending)
     turn = threading.Condition()
