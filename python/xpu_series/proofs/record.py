@@ -14,6 +14,7 @@ import ast
 import fcntl
 import hashlib
 import json
+import math
 import os
 import random
 import sys
@@ -43,12 +44,15 @@ SAMPLE = 2
 # weekly workflow and --record run every mutant.
 SPOT_ENV = "XPU_SERIES_PROOF_MUTANTS"
 SPOT = 8
-# What the sample's later picks may cost together, in the seconds their test
-# runs took when recorded (each record's "seconds"); the first pick is never
-# bounded. A patch whose tests start servers (100-135 s) re-proves as a run's
-# first pick only, and then beside light ones (3-16 s), not beside another such
-# patch: a run's sample costs one heavy proof at most. Every patch still comes
-# first in some runs, and the weekly workflow re-proves them all. 0: no bound.
+# What a sampled re-proof may cost, in the seconds its test runs took when
+# recorded (each record's "seconds"). The sample is weighted: a patch within the
+# budget weighs 1, a costlier one budget/cost, and its chance to be drawn is in
+# proportion, so no patch adds more than the budget to what a run costs on
+# average. A patch whose tests start servers (80-130 s) comes up about a third
+# as often as a light one (3-16 s), still in some runs, and the weekly workflow
+# re-proves them all. Once a first pick is drawn, later picks are taken only
+# while they fit the budget together: a run re-proves one heavy patch at most.
+# 0: no bound, no weights.
 BUDGET_ENV = "XPU_SERIES_PROOF_BUDGET"
 BUDGET_S = 30
 # The parts of a patch's record: its proof (verify) and its mutants.
@@ -479,14 +483,16 @@ def sample(
     costs: Mapping[str, float] | None = None,
     budget: float | None = None,
 ) -> list[str]:
-    """The `size` names whose hash with `seed` is lowest: each name's chance is
-    the same, a seed always picks the same ones, and a patch added to the series
-    changes the pick only by taking a place itself (so a run with one patch
-    more costs what that patch costs, not a different sample).
+    """The `size` names first in the seed's order: a seed always picks the same
+    ones, and a patch added to the series changes the pick only by taking a
+    place itself (so a run with one patch more costs what that patch costs, not
+    a different sample).
 
-    With a `budget`, the first name in that order is always picked, and a later
-    one only while the later picks' `costs` (0 where unknown) stay within it:
-    a costly name is passed over there, for the next one that fits.
+    Without a `budget` each name's chance is the same. With one, a name whose
+    `costs` (0 where unknown) exceed it weighs budget/cost, and is first in the
+    order that much less often; after the first pick, a name is taken only
+    while the later picks' costs stay within the budget, and one that does not
+    fit is passed over for the next.
 
     >>> sample(7, ["a", "b", "c", "d"], 2) == sample(7, ["d", "c", "b", "a"], 2)
     True
@@ -494,14 +500,17 @@ def sample(
     True
     >>> sample(7, ["a", "b", "c", "d"], 2)
     ['a', 'c']
-    >>> sample(7, ["a", "b", "c", "d"], 2, {"c": 50, "a": 50, "d": 5}, 30)
+    >>> sample(7, ["a", "b", "c", "d"], 2, {"a": 50, "c": 5}, 30)
     ['c', 'd']
+    >>> sample(8, ["a", "b", "c", "d"], 2, {"a": 31, "c": 50}, 30)
+    ['a', 'd']
     """
-
-    def rank(name: str) -> str:
-        return hashlib.sha256(f"{seed}:{name}".encode()).hexdigest()
-
-    ranked = sorted(names, key=rank)
+    weights = {
+        name: min(1.0, budget / cost) if budget and cost > budget else 1.0
+        for name in names
+        for cost in [(costs or {}).get(name, 0.0)]
+    }
+    ranked = sorted(names, key=lambda name: _draw(seed, name) / weights[name])
     if budget is None:
         return sorted(ranked[:size])
     picked: list[str] = []
@@ -516,6 +525,16 @@ def sample(
             spent += cost
         picked.append(name)
     return sorted(picked)
+
+
+def _draw(seed: int, name: str) -> float:
+    """An exponential draw (rate 1) from the hash of `seed` and `name`: sorting
+    by draw/weight puts each name first with a chance of weight/sum of weights
+    (the draws are independent, so one name's draw never moves another's), and
+    with equal weights it is the order of the hashes."""
+    digest = hashlib.sha256(f"{seed}:{name}".encode()).digest()
+    uniform = (int.from_bytes(digest, "big") + 0.5) / 2**256
+    return -math.log1p(-uniform)
 
 
 def in_ci() -> bool:
