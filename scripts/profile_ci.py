@@ -45,6 +45,9 @@ class Seen:
     comm: str
     argv: list[str]
     cpu_s: float = 0.0
+    # Clock ticks after boot: which of the processes a pid has named is whose
+    # parent (a pid is reused over a run of thousands of processes).
+    start: int = 0
 
 
 @dataclass
@@ -98,7 +101,7 @@ def sample(profile: Profile, root_pid: int) -> None:
         if seen is None:
             if pid != root_pid and not _descends(profile, ppid, root_pid):
                 continue
-            seen = Seen(pid, ppid, comm, _argv(pid))
+            seen = Seen(pid, ppid, comm, _argv(pid), start=start)
             profile.procs[key] = seen
             profile.pids.add(pid)
         # A process renames itself after exec (setproctitle): keep the last name.
@@ -158,7 +161,16 @@ def step_tags() -> dict[tuple[str, ...], str]:
 def attribute(profile: Profile) -> dict[str, dict[str, list[float]]]:
     """Per step, per kind: [CPU seconds, processes]."""
     commands = step_tags()
-    by_pid = {seen.pid: seen for seen in profile.procs.values()}
+    by_pid: dict[int, list[Seen]] = defaultdict(list)
+    for seen in sorted(profile.procs.values(), key=lambda s: s.start):
+        by_pid[seen.pid].append(seen)
+
+    def parent(seen: Seen) -> Seen | None:
+        """The process of the pid `seen.ppid` that was running when `seen`
+        started: the last one to start before it, not a later one that reused
+        the pid (which charged a finished step's servers to a later step)."""
+        before = [p for p in by_pid.get(seen.ppid, []) if p.start <= seen.start]
+        return before[-1] if before else None
 
     def step_of(seen: Seen) -> str:
         current: Seen | None = seen
@@ -168,7 +180,7 @@ def attribute(profile: Profile) -> dict[str, dict[str, list[float]]]:
             argv = current.argv
             if "--reap" in argv:
                 return commands.get(tuple(argv[argv.index("--reap") + 1 :]), "?")
-            current = by_pid.get(current.ppid)
+            current = parent(current)
         return "(runner)"
 
     table: dict[str, dict[str, list[float]]] = defaultdict(

@@ -72,16 +72,38 @@ def test_a_process_is_charged_to_the_step_whose_reaper_it_descends_from() -> Non
         next(s for s in profile_ci.run_steps.STEPS if s.tag == "verify").command
     )
     reaper = [PY, "scripts/run_steps.py", "--reap", *verify]
+    matrix = list(
+        next(s for s in profile_ci.run_steps.STEPS if s.tag == "matrix").command
+    )
     profile = _profile(
-        Seen(10, 1, "python", [PY, "scripts/run_steps.py"], 0.5),
-        Seen(20, 10, "python", reaper, 0.1),
-        Seen(30, 20, "python", [PY, "-m", "xpu_series", "verify"], 2.0),
-        Seen(40, 30, "git", ["git", "status"], 0.25),
-        Seen(41, 30, "git", ["git", "log"], 0.25),
+        Seen(10, 1, "python", [PY, "scripts/run_steps.py"], 0.5, start=1),
+        Seen(20, 10, "python", reaper, 0.1, start=2),
+        Seen(30, 20, "python", [PY, "-m", "xpu_series", "verify"], 2.0, start=3),
+        Seen(40, 30, "git", ["git", "status"], 0.25, start=4),
+        Seen(41, 30, "git", ["git", "log"], 0.25, start=4),
         # Its parent died and it came back to the reaper: still verify's.
-        Seen(50, 20, "sglang::detoken", [], 3.0),
+        Seen(50, 20, "sglang::detoken", [], 3.0, start=5),
         # A reaper whose command is no step's.
-        Seen(60, 10, "python", [PY, "scripts/run_steps.py", "--reap", "nope"], 1.0),
+        Seen(
+            60,
+            10,
+            "python",
+            [PY, "scripts/run_steps.py", "--reap", "nope"],
+            1.0,
+            start=6,
+        ),  # fmt: skip
+        # Later, verify is over and a matrix process is given pid 30 again: the
+        # two git runs above stay verify's, its own child is the matrix's.
+        Seen(
+            70,
+            10,
+            "python",
+            [PY, "scripts/run_steps.py", "--reap", *matrix],
+            0.0,
+            start=20,
+        ),  # fmt: skip
+        Seen(30, 70, "bash", ["bash", "-c", "matrix"], 0.0, start=21),
+        Seen(80, 30, "git", ["git", "am"], 4.0, start=22),
     )
     table = profile_ci.attribute(profile)
     assert dict(table["verify"]) == {
@@ -90,6 +112,9 @@ def test_a_process_is_charged_to_the_step_whose_reaper_it_descends_from() -> Non
         "git": [0.5, 2],
         "sglang::detoken": [3.0, 1],
     }
+    assert dict(table["matrix"]) == {
+        "run_steps --reap": [0.0, 1], "bash": [0.0, 1], "git": [4.0, 1],
+    }  # fmt: skip
     assert dict(table["(runner)"]) == {"python run_steps.py": [0.5, 1]}
     assert dict(table["?"]) == {"run_steps --reap": [1.0, 1]}
 
