@@ -27,10 +27,10 @@ def run_lanes(
 
     Why one more than the cores, of any kind: every step waits part of its time
     (servers that start and stop, pip, buildah, worker interpreters loading),
-    and on two cores a third step fills those waits. Only steps marked as
-    mostly waiting took the third slot before; any step may now. Clean clones
-    at proof seed 1, side by side: 643 s against 659 s (19m52s and 19m20s of
-    CPU), and in an earlier pair 627 s against 679 s. Two steps more (-j 3 on
+    and on two cores a third step fills those waits, whatever its kind. Clean
+    clones at proof seed 1, side by side with a third slot kept for steps
+    marked as mostly waiting: 643 s against 659 s (19m52s and 19m20s of CPU),
+    and in an earlier pair 627 s against 679 s. Two steps more (-j 3 on
     two cores) gained nothing (656 s against 662 s): four steps at once spent
     in contention what the idle cores gave. Starting steps into measured idle
     time (up to two more, once 0.5 cores had been idle for 8 s) did not shorten
@@ -41,16 +41,13 @@ def run_lanes(
     cores = max(1, jobs)
     slots = cores + (1 if cores > 1 else 0)
 
-    def fits() -> bool:
-        return sum(s is not None for s in busy) < slots
-
     def take() -> tuple[int, Lanestep] | None:
         with turn:
             while True:
+                # One thread per slot: a thread asking has no step running,
+                # so a ready lane always has a slot.
                 ready = [
-                    i
-                    for i, left in enumerate(pending)
-                    if left and busy[i] is None and fits()
+                    i for i, left in enumerate(pending) if left and busy[i] is None
                 ]
                 if ready:
                     # max() keeps the first of equals: the lanes' own order.

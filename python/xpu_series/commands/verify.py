@@ -15,7 +15,7 @@ from xpu_series.project import Project
 from xpu_series.proofs.mutant_runs import MutantsResult, run_mutants
 from xpu_series.proofs.mutants import ACCEPTED, PatchMutants
 from xpu_series.proofs.proof import Counts, PrefixRunner, Run, count
-from xpu_series.proofs.record import RECORD_HINT
+from xpu_series.proofs.record import RECORD_HINT, total_seconds
 from xpu_series.proofs.series_proof import (
     MUTANTS_FOLDER,
     Proving,
@@ -225,8 +225,7 @@ def run_verify(
             verdict = "error"
         else:
             verdict = judge(without, with_patch)
-        both = [took.get(labels[(k, at)]) for at in (k - 1, k)]
-        seconds = None if None in both else sum(both)  # type: ignore[arg-type]
+        seconds = total_seconds(took.get(labels[(k, at)]) for at in (k - 1, k))
         result.proofs.append(
             PatchProof(name, spec, without, with_patch, verdict, source, seconds)
         )

@@ -53,6 +53,7 @@ from xpu_series.proofs.record import (
     prove_all_asked,
     recorded_seconds,
     sample_size,
+    total_seconds,
 )
 from xpu_series.proofs.series_proof import SeriesPrefixes
 from xpu_series.result import PatchStatus, Report
@@ -167,8 +168,7 @@ class _Plan:
         applied = status in (PatchStatus.APPLIED, PatchStatus.MERGED)
         with_patch = count(outcomes.get(after, {}), spec) if applied else None
         commits = [self.before[k], after] if applied else [self.before[k]]
-        both = [(took or {}).get(c) for c in commits]
-        seconds = None if None in both else sum(both)  # type: ignore[arg-type]
+        seconds = total_seconds((took or {}).get(c) for c in commits)
         return Cell(str(status), without, with_patch, seconds)
 
 

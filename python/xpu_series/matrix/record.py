@@ -26,7 +26,13 @@ from typing import Any
 
 from xpu_series.errors import SeriesError
 from xpu_series.proofs.proof import Counts
-from xpu_series.proofs.record import PatchInputs, Recorded, SeriesFacts, patch_inputs
+from xpu_series.proofs.record import (
+    PatchInputs,
+    Recorded,
+    SeriesFacts,
+    as_seconds,
+    patch_inputs,
+)
 
 RECORD = "matrix-record.json"  # in patches/
 FORMAT = 1
@@ -61,12 +67,11 @@ class Cell:
     @classmethod
     def from_json(cls, data: Mapping[str, Any]) -> Cell:
         kept = data.get("with")
-        seconds = data.get("seconds")
         return cls(
             status=str(data["status"]),
             without=Counts(**data["without"]),
             with_patch=None if kept is None else Counts(**kept),
-            seconds=float(seconds) if isinstance(seconds, int | float) else None,
+            seconds=as_seconds(data.get("seconds")),
         )
 
 

@@ -22,7 +22,12 @@ from pathlib import Path
 
 from xpu_series.git import Git, run_command, stop_worker
 from xpu_series.project import Project
-from xpu_series.proofs.record import code_digest, environment_digest, files_tests_read
+from xpu_series.proofs.record import (
+    as_seconds,
+    code_digest,
+    environment_digest,
+    files_tests_read,
+)
 from xpu_series.stack.bytecode import prime
 
 # Bumped when what a cached outcome means changes (the plugin, the counting).
@@ -180,7 +185,7 @@ class _Worker:
             said = json.loads(answer)["seconds"] if answer else None
         except (ValueError, KeyError, TypeError):
             said = None
-        self.seconds = float(said) if isinstance(said, int | float) else None
+        self.seconds = as_seconds(said)
         try:
             outcomes = json.loads(outcomes_path.read_text())
         except (OSError, ValueError):
@@ -265,11 +270,8 @@ def load_run(cache: Path, key: str) -> tuple[dict[str, str] | None, float | None
     if not isinstance(data, dict):
         return None, None
     outcomes = data.get("outcomes")
-    seconds = data.get("seconds")
-    return (
-        outcomes if isinstance(outcomes, dict) and outcomes else None,
-        float(seconds) if isinstance(seconds, int | float) else None,
-    )
+    kept = outcomes if isinstance(outcomes, dict) and outcomes else None
+    return kept, as_seconds(data.get("seconds"))
 
 
 @dataclass

@@ -48,9 +48,9 @@ SPOT = 8
 # recorded (each record's "seconds"). The sample is weighted: a patch within the
 # budget weighs 1, a costlier one budget/cost, and its chance to be drawn is in
 # proportion, so no patch adds more than the budget to what a run costs on
-# average. A patch whose tests start servers (80-130 s) comes up about a third
-# as often as a light one (3-16 s), still in some runs, and the weekly workflow
-# re-proves them all. Once a first pick is drawn, later picks are taken only
+# average. A patch whose tests start servers (79-142 s) weighs 0.2 to 0.4 against
+# a light one's 1 (2-16 s), so it still comes up in some runs, and the weekly
+# workflow re-proves them all. Once a first pick is drawn, later picks are taken only
 # while they fit the budget together: a run re-proves one heavy patch at most.
 # 0: no bound, no weights.
 BUDGET_ENV = "XPU_SERIES_PROOF_BUDGET"
@@ -420,18 +420,30 @@ def spot_size() -> int:
 
 
 def budget_s() -> int | None:
-    """What the sample's later picks may cost together, in recorded seconds
-    (None: no bound, as XPU_SERIES_PROOF_BUDGET=0 asks)."""
+    """The sample's budget in recorded seconds: what weighs a costly patch down
+    and bounds the later picks together (None: neither, as
+    XPU_SERIES_PROOF_BUDGET=0 asks)."""
     return _count(BUDGET_ENV, BUDGET_S) or None
+
+
+def as_seconds(value: object) -> float | None:
+    """A time a record, a cache entry or a worker gave; None if not a number."""
+    return float(value) if isinstance(value, int | float) else None
+
+
+def total_seconds(parts: Iterable[float | None]) -> float | None:
+    """How long some runs took together; None when one of them is not known."""
+    known = list(parts)
+    return None if None in known else sum(known)  # type: ignore[arg-type]
 
 
 def recorded_seconds(recorded: Mapping[str, Recorded] | None) -> dict[str, float]:
     """Each patch's recorded seconds, where its record has them."""
     out: dict[str, float] = {}
     for name, entry in (recorded or {}).items():
-        seconds = entry.result.get("seconds")
-        if isinstance(seconds, int | float):
-            out[name] = float(seconds)
+        seconds = as_seconds(entry.result.get("seconds"))
+        if seconds is not None:
+            out[name] = seconds
     return out
 
 
@@ -505,12 +517,12 @@ def sample(
     >>> sample(8, ["a", "b", "c", "d"], 2, {"a": 31, "c": 50}, 30)
     ['a', 'd']
     """
-    weights = {
-        name: min(1.0, budget / cost) if budget and cost > budget else 1.0
-        for name in names
-        for cost in [(costs or {}).get(name, 0.0)]
-    }
-    ranked = sorted(names, key=lambda name: _draw(seed, name) / weights[name])
+    cost = {name: (costs or {}).get(name, 0.0) for name in names}
+
+    def weight(name: str) -> float:
+        return budget / cost[name] if budget and cost[name] > budget else 1.0
+
+    ranked = sorted(names, key=lambda name: _draw(seed, name) / weight(name))
     if budget is None:
         return sorted(ranked[:size])
     picked: list[str] = []
@@ -518,11 +530,10 @@ def sample(
     for name in ranked:
         if len(picked) >= size:
             break
-        cost = (costs or {}).get(name, 0.0)
-        if picked and spent + cost > budget:
+        if picked and spent + cost[name] > budget:
             continue
         if picked:
-            spent += cost
+            spent += cost[name]
         picked.append(name)
     return sorted(picked)
 
