@@ -236,6 +236,40 @@ def test_mutant_outcomes_are_cached_and_progress_is_told(verified: Project) -> N
     assert json.loads(fresh.out)["patches"][0]["cached"] is False
 
 
+def test_the_runs_load_only_the_pytest_plugins_the_project_names(
+    project: Project,
+) -> None:
+    # Two pytest plugins are installed here by entry point (anyio's and
+    # hypothesis'); the project's pytest settings name one of them.
+    (project.root / "pyproject.toml").write_text(
+        '[tool.pytest.ini_options]\naddopts = "-p anyio.pytest_plugin"\n'
+    )
+    test = _write_test(
+        project,
+        "test_plugins.py",
+        "import sys\n\nfrom sglang.srt.flags import VALUE\n\n"
+        "def test_value_with_the_named_plugin_only():\n"
+        "    assert VALUE == 2\n"
+        "    assert 'anyio.pytest_plugin' in sys.modules\n"
+        "    assert '_hypothesis_pytestplugin' not in sys.modules\n",
+    )
+    project.add_patch(
+        "python/sglang/srt/flags.py",
+        "VALUE = 2\nNAME = 'upstream'\n",
+        "[XPU] Raise VALUE",
+        Tests=test,
+    )
+    # Both kinds of run: a prefix worker's (verify) and a mutant worker's.
+    proven = project.run("verify", "--json")
+    assert proven.code == 0, proven.out + proven.err
+    (proof,) = json.loads(proven.out)["patches"]
+    assert proof["verdict"] == "proven" and proof["with"]["passed"] == 1
+    killed = project.run("verify", "--mutants", "--json")
+    assert killed.code == 0, killed.out + killed.err
+    (patch,) = json.loads(killed.out)["patches"]
+    assert patch["killed"] == patch["made"] >= 1
+
+
 def test_a_mutant_writes_in_a_scratch_folder_not_the_checkout(
     verified: Project,
 ) -> None:

@@ -28,6 +28,7 @@ from typing import Any
 
 from xpu_series.errors import SeriesError
 from xpu_series.git import Git
+from xpu_series.proofs import TEST_ENV
 
 # cosmic-ray's operators we use: the ones that model real mistakes in gate and
 # wiring code (flipped conditions, swapped boolean combinations, wrong constants).
@@ -509,7 +510,7 @@ def run_worker(
             "PYTHONPATH": os.pathsep.join(
                 [str(worktree / "python"), str(Path(__file__).parents[2])]
             ),
-            "PYTHONDONTWRITEBYTECODE": "1",
+            **TEST_ENV,
         }
         rows: list[dict[str, Any]] = []
         with (Path(tmp) / "worker.log").open("wb") as log:

@@ -22,6 +22,7 @@ from pathlib import Path
 
 from xpu_series.git import Git, run_command, stop_worker
 from xpu_series.project import Project
+from xpu_series.proofs import TEST_ENV
 from xpu_series.proofs.record import (
     as_seconds,
     code_digest,
@@ -118,7 +119,7 @@ def run_pytest(
                 [str(tree / "python"), str(Path(__file__).parents[3])]
             ),
             "XPU_SERIES_OUTCOMES": str(out),
-            "PYTHONDONTWRITEBYTECODE": "1",
+            **TEST_ENV,
         }
         args = [
             sys.executable, "-m", "pytest", "-q",
@@ -146,8 +147,7 @@ class _Worker:
             "PYTHONPATH": os.pathsep.join(
                 [str(worktree / "python"), str(Path(__file__).parents[2])]
             ),
-            # Nothing of the runs' own (servers they start) writes into the tree.
-            "PYTHONDONTWRITEBYTECODE": "1",
+            **TEST_ENV,
         }
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "xpu_series.proofs.prefix_worker", str(project.root),
