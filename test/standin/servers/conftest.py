@@ -1,7 +1,9 @@
 """test/standin/servers: the real servers its tests share, two stand-in servers
 (chunked and not) with the fork wheel's plugin on their path, started once for
-the whole run (a server start costs most of a minute of CPU). A folder of its
-own: the patches' registered tests read test/standin's files, not these."""
+the whole run (a server start costs most of a minute of CPU); the unchunked one
+with SGLANG_PLUGINS naming another plugin, so that the filter is seen on a real
+server too. A folder of its own: the patches' registered tests read
+test/standin's files, not these."""
 
 from __future__ import annotations
 
@@ -13,6 +15,7 @@ from pathlib import Path
 import pytest
 from standin_servers import (
     CHUNK,
+    OTHER_PLUGIN,
     TREE,
     build_plugin_path,
     plugin_env,
@@ -36,17 +39,26 @@ def servers(
     tmp_path_factory: pytest.TempPathFactory, plugin_path: Path
 ) -> Iterator[dict]:
     """Two servers on the stand-in, started together, the fork's plugin on
-    their path: chunked (CHUNK) and not. Their URLs under "on" and "off", the
-    files their output goes to under "logs"."""
+    their path: chunked (CHUNK), with SGLANG_PLUGINS unset as users run it, and
+    not chunked, with SGLANG_PLUGINS naming only OTHER_PLUGIN (the plugin only
+    logs, so generations do not depend on it). Their URLs under "on" and "off",
+    the files their output goes to under "logs", their environments under
+    "envs"."""
     folder = tmp_path_factory.mktemp("servers")
     logs = {name: folder / f"{name}.log" for name in ("on", "off")}
-    env = plugin_env(plugin_path)
-    started = [start_server(CHUNK, logs["on"], env), start_server(-1, logs["off"], env)]
+    envs = {
+        "on": plugin_env(plugin_path),
+        "off": plugin_env(plugin_path, SGLANG_PLUGINS=OTHER_PLUGIN),
+    }
+    started = [
+        start_server(CHUNK, logs["on"], envs["on"]),
+        start_server(-1, logs["off"], envs["off"]),
+    ]
     try:
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda s, n: wait_ready(*s, logs[n]), started,
                           ["on", "off"]))  # fmt: skip
-        yield {"on": started[0][1], "off": started[1][1], "logs": logs}
+        yield {"on": started[0][1], "off": started[1][1], "logs": logs, "envs": envs}
     finally:
         for proc, _ in started:
             proc.terminate()

@@ -19,6 +19,8 @@ ROOT = Path(__file__).resolve().parents[3]
 TREE = ROOT / "build" / "sglang" / "python"
 # The chunk size of the "on" server.
 CHUNK = 64
+# What the "off" server's SGLANG_PLUGINS names: a plugin that is not installed.
+OTHER_PLUGIN = "someone_else"
 READY_TIMEOUT_S = 300
 
 
