@@ -116,10 +116,10 @@ class Step:
     # Seconds the step held its slot in a cold run on two cores (the "seconds"
     # of build/reports/steps.json of a clean clone, 56cb358): only the order in
     # which lanes get a slot depends on it. Wall time, not CPU: a step that waits
-    # (servers, pip, buildah) holds its slot longer than its CPU says. Replayed
-    # through the scheduler, 56cb358's and e80069d's step times end 12 s sooner
-    # with these than with the CPU seconds the costs were before (the image step,
-    # 106 s, no longer starts last and runs alone).
+    # (servers, pip, buildah) holds its slot longer than its CPU says. Five cold
+    # runs' step times replayed through the scheduler end 5 s sooner on average
+    # with these than with the CPU seconds the costs were before (4 of 5 sooner,
+    # by 12 to 13 s; one whose sample was heavy, 22 s later).
     cost_s: int = 60
 
 
