@@ -119,7 +119,7 @@ class Step:
     # (servers, pip, buildah) holds its slot longer than its CPU says. Five cold
     # runs' step times replayed through the scheduler end 5 s sooner on average
     # with these than with the CPU seconds the costs were before (4 of 5 sooner,
-    # by 12 to 13 s; one whose sample was heavy, 22 s later).
+    # by 12 s; one whose sample was heavy, 22 s later).
     cost_s: int = 60
 
 

@@ -20,15 +20,11 @@ LINE = re.compile(
 )
 
 
-def _identity(plugin_path: Path) -> dict:
-    dist = next(plugin_path.glob("sglang-*.dist-info"))
-    return json.loads((dist / "xpu_series.json").read_text())
-
-
 def test_the_server_logs_the_series_in_every_process_that_loads_plugins(
     plugin_path: Path, servers: dict
 ) -> None:
-    identity = _identity(plugin_path)
+    dist = next(plugin_path.glob("sglang-*.dist-info"))
+    identity = json.loads((dist / "xpu_series.json").read_text())
     stale = [
         rel
         for rel, sha in identity["files"].items()
