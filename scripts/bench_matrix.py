@@ -23,6 +23,9 @@ import tomllib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "python"))
+
+from xpu_series.stack.share import link_settled  # noqa: E402
 
 
 def _copy(dest: Path) -> None:
@@ -34,12 +37,10 @@ def _copy(dest: Path) -> None:
 
 def _link_wheels(project: Path) -> None:
     """Quick mode: the checkout's cached wheels, hard-linked in (content-addressed,
-    so sharing them is safe), so that no download is part of the quick run."""
-    cache = project / "build" / "cache"
-    cache.mkdir(parents=True, exist_ok=True)
+    so sharing them is safe), so that no download is part of the quick run. CI's
+    other steps may fetch a wheel meanwhile: only settled ones are linked."""
     wheels = ROOT / "build" / "cache" / "wheels"
-    if wheels.is_dir():
-        subprocess.run(["cp", "-al", str(wheels), str(cache / "wheels")], check=True)
+    link_settled(wheels, project / "build" / "cache" / "wheels")
 
 
 def _timed(project: Path, *args: str) -> float:

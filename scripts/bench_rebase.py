@@ -38,6 +38,7 @@ sys.path.insert(0, str(ROOT / "python"))
 
 from xpu_series.project import Project  # noqa: E402
 from xpu_series.stack.pin import version_tuple  # noqa: E402
+from xpu_series.stack.share import link_settled  # noqa: E402
 from xpu_series.stack.tree import ensure_base_cache  # noqa: E402
 from xpu_series.stack.wheel import fetch_wheel  # noqa: E402
 
@@ -158,13 +159,12 @@ def _copy(dest: Path, patches: Path) -> None:
     shutil.rmtree(dest / "patches")
     shutil.copytree(patches, dest / "patches")
     # Hard links of what a rebase reads from the cache: the rest of it (the
-    # images' root filesystems, the audit's) is tens of thousands of files.
+    # images' root filesystems, the audit's) is tens of thousands of files. CI's
+    # other steps write to it meanwhile: only settled entries are linked.
     cache = dest / "build" / "cache"
     cache.mkdir(parents=True)
     for part in SHARED:
-        if (ROOT / "build" / "cache" / part).is_dir():
-            subprocess.run(["cp", "-al", str(ROOT / "build" / "cache" / part),
-                            str(cache / part)], check=True)  # fmt: skip
+        link_settled(ROOT / "build" / "cache" / part, cache / part)
 
 
 def prepare(move: Move, dest: Path) -> Path:

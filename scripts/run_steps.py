@@ -49,6 +49,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_lanes  # noqa: E402
 from step_processes import reap, stop_group, wait_counted  # noqa: E402
+from step_report import clock as _clock  # noqa: E402
+from step_report import failed_ends, markdown, summary  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 REPORTS = ROOT / "build" / "reports"
@@ -473,51 +475,6 @@ def run_lanes(run: Run, lanes: list[list[Step]], jobs: int) -> None:
     step_lanes.run_lanes(lanes, jobs, work)
 
 
-def _clock(seconds: float) -> str:
-    minutes, rest = divmod(round(seconds), 60)
-    return f"{minutes}m{rest:02d}s" if minutes else f"{seconds:.1f}s"
-
-
-def summary_rows(run: Run) -> list[tuple[str, str, str, str, str]]:
-    rows = []
-    for o in run.outcomes.values():
-        if o.code is None:
-            result = o.note or "-"
-        elif o.code == 0:
-            result = o.note or "ok"
-        else:
-            result = o.note or f"FAILED (exit {o.code})"
-        ran = o.code is not None and not o.note.endswith("(cached)")
-        spent = _clock(o.seconds) if ran else "-"
-        cpu = _clock(o.cpu_s) if ran else "-"
-        rows.append((o.step.tag, o.step.lane, spent, cpu, result))
-    return rows
-
-
-def _totals(run: Run) -> str:
-    cpu = sum(o.cpu_s for o in run.outcomes.values())
-    return f"wall clock {_clock(time.monotonic() - run.start)}, cpu {_clock(cpu)}"
-
-
-def summary(run: Run) -> str:
-    rows = [("step", "lane", "time", "cpu", "result"), *summary_rows(run)]
-    widths = [max(len(r[i]) for r in rows) for i in range(5)]
-    lines = [
-        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip()
-        for r in rows
-    ]
-    lines.append(_totals(run))
-    return "\n".join(lines)
-
-
-def markdown(run: Run) -> str:
-    """The same table for a CI job summary (.github/workflows/test.yml)."""
-    lines = ["| step | lane | time | cpu | result |", "|---|---|---|---|---|"]
-    lines += ["| " + " | ".join(row) + " |" for row in summary_rows(run)]
-    lines.append("\n" + _totals(run))
-    return "\n".join(lines) + "\n"
-
-
 def main(argv: list[str]) -> int:
     if argv[:1] == ["--reap"]:
         return reap(argv[1:])
@@ -588,9 +545,12 @@ def main(argv: list[str]) -> int:
                 stop_group(proc)
         run.say("\ninterrupted")
     run.save()
-    (REPORTS / "steps.md").write_text(markdown(run))
-    text = summary(run)
-    run.say("\n" + text)
+    outcomes, wall_s = list(run.outcomes.values()), time.monotonic() - run.start
+    (REPORTS / "steps.md").write_text(markdown(outcomes, wall_s))
+    run.say("\n" + summary(outcomes, wall_s))
+    ends = failed_ends(outcomes, REPORTS / "steps")
+    if ends:
+        run.say("\n" + ends)
     ok = not run.failed.is_set() and all(o.code == 0 for o in run.outcomes.values())
     return 0 if ok else 1
 

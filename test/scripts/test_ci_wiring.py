@@ -283,6 +283,35 @@ def test_a_failed_step_fails_the_run_and_stops_its_lane(steps, capsys) -> None:
     assert re.search(r"^after +tool +- +- +not run: an earlier step failed$", out, re.M)
 
 
+def test_the_run_ends_with_the_end_of_each_failed_steps_output(steps, capsys) -> None:
+    """CI shows a run's last lines: a failed step's error, relayed while other
+    lanes printed hundreds of lines, is said again under the table."""
+    many = "; ".join(f"echo noise {i}" for i in range(60))
+    fake_steps(
+        steps,
+        ("bootstrap", "true", "first", 60),
+        ("breaks", "echo early line; echo the real cause >&2; exit 3", "tool", 60),
+        ("chatty", many, "serve", 60),
+    )
+    steps.STEPS = (*steps.STEPS, steps.Step("gone", "g", ("./nope",), "proof"))
+    assert steps.main(["--keep-going"]) == 1
+    out = capsys.readouterr().out
+    table_at = out.index("wall clock")
+    end = out[table_at:]
+    assert "--- [breaks] failed; the end of its output" in end
+    assert end.index("early line") < end.index("the real cause")
+    assert "--- [gone] failed: cannot run ./nope" in end
+    assert "noise" not in end and "[chatty]" not in end
+    # Only the last lines: a long log is cut to its end.
+    steps.STEPS = (
+        steps.STEPS[0],
+        steps.Step("long", "l", ("bash", "-c", f"{many}; exit 1"), "tool"),
+    )
+    assert steps.main([]) == 1
+    end = capsys.readouterr().out.split("wall clock", 1)[1]
+    assert "noise 59" in end and "noise 29" not in end and "noise 30" in end
+
+
 def test_a_step_whose_program_is_missing_fails_by_name(steps, capsys) -> None:
     steps.STEPS = (
         steps.Step("bootstrap", "boot", ("true",), "first"),
@@ -383,9 +412,10 @@ def test_the_real_steps_cover_every_check(steps) -> None:
             assert shutil.which(program), program
     # The scripts run with this interpreter's stdlib only: nothing imported that
     # .venv would have to provide first.
-    # The runner and its siblings step_lanes.py and step_processes.py, which
-    # are all it imports from scripts/; and profile_ci.py, which runs it.
-    siblings = {"step_lanes", "step_processes", "run_steps"}
+    # The runner and its siblings step_lanes.py, step_processes.py and
+    # step_report.py, which are all it imports from scripts/; and profile_ci.py,
+    # which runs it.
+    siblings = {"step_lanes", "step_processes", "step_report", "run_steps"}
     for name in ("profile_ci.py", *(f"{s}.py" for s in siblings)):
         source = (ROOT / "scripts" / name).read_text()
         imported = set(re.findall(r"^(?:import|from) (\w+)", source, re.M))
