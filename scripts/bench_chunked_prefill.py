@@ -132,18 +132,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--quick",
         action="store_true",
-        help="the smallest sweep (what CI runs on the CPU stand-in, so the "
-        "benchmark cannot rot): the size equal to the input and off, 2 prompts of "
-        "96 tokens",
+        help="the smallest run (what CI runs on the CPU stand-in, so the "
+        "benchmark cannot rot): one engine, chunking off, 2 prompts of 96 tokens; "
+        "the engine's flags and its result file are what can rot, and an engine "
+        "start is half a minute of CPU there",
     )
     parser.add_argument("extra", nargs=argparse.REMAINDER, help="-- server args")
     args = parser.parse_args(argv)
+    sizes = parse_sizes(args.sizes, args.input_len)
     if args.quick:
-        args.sizes, args.input_len, args.num_prompts = "input", 96, 2
+        sizes, args.input_len, args.num_prompts = [OFF], 96, 2
     args.extra = args.extra[1:] if args.extra[:1] == ["--"] else args.extra
     points: list[SweepPoint] = []
     with tempfile.TemporaryDirectory(prefix="chunk-sweep-") as tmp:
-        for size in parse_sizes(args.sizes, args.input_len):
+        for size in sizes:
             result = Path(tmp) / f"size-{size}.jsonl"
             print(f"--- chunked-prefill-size {size}", flush=True)
             proc = subprocess.run(bench_command(args, size, result))
