@@ -24,11 +24,13 @@ from xpu_series.audit.effects import (
     effect_of,
     explicit_row,
 )
+from xpu_series.errors import NetworkError
+from xpu_series.project import Project
+from xpu_series.stack.wheel import fetch_wheel
 
 ROOT = SCRIPTS.parent
 VENV_PYTHON = ROOT / ".venv" / "bin" / "python"
 SGLANG = ROOT / "build" / "sglang" / "python" / "sglang"
-WHEELS = ROOT / "build" / "cache" / "wheels"
 
 
 def _venv_torch_missing() -> str:
@@ -104,6 +106,17 @@ def test_every_torch_cuda_name_the_tree_references_has_a_row() -> None:
     assert missing == []
 
 
+def _wheel(version: str) -> Path:
+    """The release's wheel, from the project's cache or else the index: a clean
+    clone's run has only the pin's cached when these tests run, and skipping on
+    that meant they never ran in CI."""
+    project = Project(ROOT)
+    try:
+        return fetch_wheel(project.pin.for_version(version), project.cache_dir).path
+    except NetworkError as exc:
+        pytest.skip(f"no sglang {version} wheel cached, and {exc.message}")
+
+
 def _wheel_texts(wheel: Path) -> Iterator[str]:
     with zipfile.ZipFile(wheel) as archive:
         for name in archive.namelist():
@@ -113,12 +126,7 @@ def _wheel_texts(wheel: Path) -> Iterator[str]:
 
 @pytest.mark.parametrize("version", ["0.5.19", "0.5.20", "0.5.21", "0.5.22"])
 def test_every_torch_cuda_name_an_older_release_references_has_a_row(version) -> None:
-    wheels = sorted(WHEELS.glob(f"*/sglang-{version}-*.whl"))
-    if not wheels:
-        pytest.skip(
-            f"no sglang {version} wheel cached; hint: xpu-series fetch --upstream"
-        )
-    found, missing = _missing_rows(_wheel_texts(wheels[0]))
+    found, missing = _missing_rows(_wheel_texts(_wheel(version)))
     assert found > 40, f"too few names for sglang {version}"
     assert missing == []
 
@@ -268,10 +276,7 @@ def _normalized(dist: str) -> str:
 
 
 def test_each_cuda_only_package_is_a_requirement_of_the_cuda_wheel() -> None:
-    wheels = sorted(WHEELS.glob("*/sglang-0.5.23-*.whl"))
-    if not wheels:
-        pytest.skip("no sglang 0.5.23 wheel cached; hint: xpu-series fetch")
-    with zipfile.ZipFile(wheels[0]) as wheel:
+    with zipfile.ZipFile(_wheel("0.5.23")) as wheel:
         metadata = wheel.read("sglang-0.5.23.dist-info/METADATA").decode()
     required = {
         _normalized(re.split(r"[\s\[;<>=!~]", line.split(":", 1)[1].strip())[0])
