@@ -24,6 +24,7 @@ class Stepped(Protocol):
     def step(self) -> Named: ...
 
     seconds: float
+    started_s: float | None
     cpu_s: float
     code: int | None
     note: str
@@ -82,10 +83,12 @@ def failed_ends(outcomes: Iterable[Stepped], logs: Path) -> str:
         if not o.code:
             continue
         log = logs / f"{o.step.tag}.log"
-        try:
-            lines = log.read_text(errors="replace").splitlines()
-        except OSError:
-            lines = []
+        lines: list[str] = []
+        if o.started_s is not None:  # else its log, if any, is an earlier run's
+            try:
+                lines = log.read_text(errors="replace").splitlines()
+            except OSError:
+                pass
         head = f"--- [{o.step.tag}] failed; the end of its output ({log}):"
         if not lines:
             head = f"--- [{o.step.tag}] failed: {o.note or 'it printed nothing'}"

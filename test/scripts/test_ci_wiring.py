@@ -294,6 +294,9 @@ def test_the_run_ends_with_the_end_of_each_failed_steps_output(steps, capsys) ->
         ("chatty", many, "serve", 60),
     )
     steps.STEPS = (*steps.STEPS, steps.Step("gone", "g", ("./nope",), "proof"))
+    # A log an earlier run left: a step that never started has no output here.
+    (steps.REPORTS / "steps").mkdir(parents=True, exist_ok=True)
+    (steps.REPORTS / "steps" / "gone.log").write_text("an earlier run's line\n")
     assert steps.main(["--keep-going"]) == 1
     out = capsys.readouterr().out
     table_at = out.index("wall clock")
@@ -301,6 +304,7 @@ def test_the_run_ends_with_the_end_of_each_failed_steps_output(steps, capsys) ->
     assert "--- [breaks] failed; the end of its output" in end
     assert end.index("early line") < end.index("the real cause")
     assert "--- [gone] failed: cannot run ./nope" in end
+    assert "an earlier run's line" not in end
     assert "noise" not in end and "[chatty]" not in end
     # Only the last lines: a long log is cut to its end.
     steps.STEPS = (

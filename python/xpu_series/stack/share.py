@@ -3,12 +3,11 @@
 Every writer of `build/cache` builds an entry beside its final name, under a name
 that starts with a dot (`.KEY.tmp`, `.NAME.part`, `.base-*`, `.download-*`), and
 renames it in: an entry with its final name is whole (a later write replaces it
-whole).
-`cp -al` of such a cache while a writer works fails on a staging file renamed
-away between the listing and the link ("cannot stat"). `link_settled` links
-only what has its final name, and takes an entry that vanishes between the two
-as one it never saw: a second project then reads what was settled when it
-looked, and nothing half-written.
+whole). `cp -al` of such a cache while a writer works fails on a staging file
+renamed away between the listing and the link ("cannot stat"). `link_settled`
+links only what has its final name, and takes an entry that vanishes between
+the two as one it never saw: a second project then reads what was settled when
+it looked, and nothing half-written.
 """
 
 from __future__ import annotations
