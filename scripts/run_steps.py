@@ -264,6 +264,12 @@ def inputs_digest() -> str:
 # The seed of the proofs' sample (xpu_series/proofs/record.py): one per run,
 # the same for verify and its mutants, so both re-prove the same patches.
 SEED_ENV = "XPU_SERIES_PROOF_SEED"
+# One more step than the cores runs at a time, so a torch process that splits
+# each op over every core (a stand-in server's scheduler, most of all) spends the
+# second thread spinning at a barrier while another step holds that core. One
+# thread each: the stand-in suite's CPU beside one busy core, 41.4 -> 31.8 s
+# (docs/design.md). A value the caller exported is kept.
+THREADS = {"OMP_NUM_THREADS": "1"}
 
 
 def proof_seed() -> int:
@@ -372,7 +378,7 @@ def run_step(run: Run, step: Step) -> bool:
         )
         run.save()
         return True
-    env = {**os.environ, SEED_ENV: str(run.seed), **dict(step.env)}
+    env = {**THREADS, **os.environ, SEED_ENV: str(run.seed), **dict(step.env)}
     missing = _missing(step.command[0])
     if missing:
         outcome.code, outcome.note = 127, f"cannot run {step.command[0]}: {missing}"

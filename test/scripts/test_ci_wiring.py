@@ -505,6 +505,26 @@ def test_every_step_of_a_run_gets_the_same_proof_seed(
     assert set(re.findall(r"seed=(\d+)$", capsys.readouterr().out, re.M)) == {seed}
 
 
+def test_each_step_runs_torch_on_one_thread_unless_told_otherwise(
+    steps, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    fake_steps(
+        steps,
+        ("bootstrap", "true", "first", 60),
+        ("a", "echo threads=$OMP_NUM_THREADS", "tool", 60),
+        ("b", "echo threads=$OMP_NUM_THREADS", "serve", 60),
+    )
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    assert steps.main(["--fresh"]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"^\[[ab]\] threads=(\S*)$", out, re.M) == ["1", "1"]
+    # A value the caller exported is theirs.
+    monkeypatch.setenv("OMP_NUM_THREADS", "3")
+    assert steps.main(["--fresh"]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"^\[[ab]\] threads=(\S*)$", out, re.M) == ["3", "3"]
+
+
 def test_the_weekly_workflow_re_proves_every_patch() -> None:
     data = yaml.safe_load((WORKFLOWS / "weekly-proofs.yml").read_text())
     triggers = data.get("on", data.get(True))
