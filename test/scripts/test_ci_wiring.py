@@ -56,6 +56,43 @@ def test_the_caches_are_keyed_by_what_pins_them() -> None:
     assert "hashFiles('patches/upstream.toml')" in caches["build/cache"]
 
 
+def _uncompiled(modules: list[Path], count: int) -> list[Path]:
+    """Of `count` of `modules` (drawn seeded), those that compile but have no
+    bytecode beside them."""
+    import importlib.util
+    import random
+
+    missing = []
+    for path in random.Random(1).sample(modules, min(count, len(modules))):
+        if Path(importlib.util.cache_from_source(str(path))).is_file():
+            continue
+        try:
+            compile(path.read_bytes(), str(path), "exec")
+        except (SyntaxError, ValueError):
+            continue  # test data of a package: no installer compiles it either
+        missing.append(path)
+    return missing
+
+
+def test_bootstrap_compiles_the_whole_environment(tmp_path: Path) -> None:
+    # bootstrap compiles .venv beside the tree's build: a module that nothing
+    # imports has its bytecode too (PYTHONDONTWRITEBYTECODE, set on CI's machine,
+    # keeps an import from writing it).
+    from importlib import metadata
+
+    installed = sorted(
+        Path(str(dist.locate_file(name)))
+        for dist in metadata.distributions()
+        for name in dist.files or ()
+        if name.suffix == ".py"
+    )
+    assert len(installed) > 1000
+    assert _uncompiled(installed, 300) == []
+    # The check sees a module left uncompiled.
+    (tmp_path / "mod.py").write_text("x = 1\n")
+    assert _uncompiled([tmp_path / "mod.py"], 300) == [tmp_path / "mod.py"]
+
+
 def test_the_scheduled_workflow_measures_the_newer_releases() -> None:
     data = yaml.safe_load((WORKFLOWS / "newer-releases.yml").read_text())
     # PyYAML reads the key "on" as True.
