@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -529,46 +530,46 @@ def test_what_a_step_leaves_running_is_counted_and_then_stopped(
     )
 
 
-def test_every_step_of_a_run_gets_the_same_proof_seed(
-    steps, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
+def _steps_printing(steps, variable: str) -> Callable[[str], list[str]]:
+    """Two steps in two lanes that print $variable: what each printed, read off
+    a run's output."""
     fake_steps(
         steps,
         ("bootstrap", "true", "first", 60),
-        ("a", "echo seed=$XPU_SERIES_PROOF_SEED", "tool", 60),
-        ("b", "echo seed=$XPU_SERIES_PROOF_SEED", "serve", 60),
+        ("a", f"echo {variable}=${variable}", "tool", 60),
+        ("b", f"echo {variable}=${variable}", "serve", 60),
     )
+    return lambda out: re.findall(rf"^\[[ab]\] {variable}=(\S*)$", out, re.M)
+
+
+def test_every_step_of_a_run_gets_the_same_proof_seed(
+    steps, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    printed = _steps_printing(steps, "XPU_SERIES_PROOF_SEED")
     monkeypatch.delenv("XPU_SERIES_PROOF_SEED", raising=False)
     assert steps.main(["--fresh"]) == 0
     out = capsys.readouterr().out
-    seeds = set(re.findall(r"^\[[ab]\] seed=(\d+)$", out, re.M))
-    (seed,) = seeds
+    (seed,) = set(printed(out))
+    assert seed.isdigit()
     assert f"XPU_SERIES_PROOF_SEED={seed} scripts/test repeats it" in out
     assert json.loads((steps.REPORTS / "steps.json").read_text())["seed"] == int(seed)
     # The hint, followed: the same seed again.
     monkeypatch.setenv("XPU_SERIES_PROOF_SEED", seed)
     assert steps.main(["--fresh"]) == 0
-    assert set(re.findall(r"seed=(\d+)$", capsys.readouterr().out, re.M)) == {seed}
+    assert printed(capsys.readouterr().out) == [seed, seed]
 
 
 def test_each_step_runs_torch_on_one_thread_unless_told_otherwise(
     steps, monkeypatch: pytest.MonkeyPatch, capsys
 ) -> None:
-    fake_steps(
-        steps,
-        ("bootstrap", "true", "first", 60),
-        ("a", "echo threads=$OMP_NUM_THREADS", "tool", 60),
-        ("b", "echo threads=$OMP_NUM_THREADS", "serve", 60),
-    )
+    printed = _steps_printing(steps, "OMP_NUM_THREADS")
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     assert steps.main(["--fresh"]) == 0
-    out = capsys.readouterr().out
-    assert re.findall(r"^\[[ab]\] threads=(\S*)$", out, re.M) == ["1", "1"]
+    assert printed(capsys.readouterr().out) == ["1", "1"]
     # A value the caller exported is theirs.
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert steps.main(["--fresh"]) == 0
-    out = capsys.readouterr().out
-    assert re.findall(r"^\[[ab]\] threads=(\S*)$", out, re.M) == ["3", "3"]
+    assert printed(capsys.readouterr().out) == ["3", "3"]
 
 
 def test_the_weekly_workflow_re_proves_every_patch() -> None:
