@@ -17,8 +17,10 @@ The marginal run leaves out the top patch (the one a series grows by; a patch
 lower down would change the record of every patch above it), its line in
 patches/series, its record and the test files only it names, and runs the steps
 that prove patches (MARGINAL_STEPS; the overlay's diffs and the audit's triage
-name every patch, so the series is whole there). Every run uses one proof seed,
-so the sample is the same but for the left-out patch's own place in it.
+name every patch, so the series is whole there). Its registered tests' record,
+keyed by the whole tree, is written first, untimed (record_registered). Every
+run uses one proof seed, so the sample is the same but for the left-out patch's
+own place in it.
 Marginal = the whole series' CPU in the cold run minus the run without it.
 
 --quick reads build/reports/steps.json (what scripts/test writes as it goes) and
@@ -55,6 +57,13 @@ QUICK = (
 )
 # The steps whose work is per patch and that stay whole with the top patch left
 # out (bootstrap runs before them anyway).
+# What writes the registered tests' record (the hint the registered step gives).
+REGISTERED_WRITE = (
+    ".venv/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
+    "-p", "xpu_series.registered.plugin",
+    "--registered-record=patches/registered.json", "--registered-write",
+    "test/registered/unit",
+)  # fmt: skip
 MARGINAL_STEPS = ("verify", "mutants", "matrix", "registered", "upstream-check")
 TOTAL = "(wall clock)"
 
@@ -151,6 +160,20 @@ def leave_out(clone: Path, name: str) -> list[str]:
         data.get("patches", {}).pop(name, None)
         record.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return removed
+
+
+def record_registered(clone: Path, log: Path) -> None:
+    """Untimed: bootstrap `clone` and write its registered tests' record. The
+    record is keyed by the whole tree, which the left-out patch changes, so the
+    clone would otherwise run every registered file where the whole series runs
+    a sample: the marginal column would be the record's staleness, not the
+    patch."""
+    with log.open("w") as out:
+        for command in (["scripts/test", "bootstrap"], [*REGISTERED_WRITE]):
+            done = subprocess.run(command, cwd=clone, stdout=out,
+                                  stderr=subprocess.STDOUT, check=False)  # fmt: skip
+            if done.returncode:
+                raise SystemExit(f"error: {' '.join(command)} failed (see {log})")
 
 
 def _tests_of(patch: Path) -> set[str]:
@@ -253,6 +276,7 @@ def full(args: argparse.Namespace) -> int:
             other = _clone(head, args.dirty, "without", args.apply)
             removed = leave_out(other, left)
             print(f"  without {left}: removed {', '.join(removed)}", flush=True)
+            record_registered(other, other.with_suffix(".record.log"))
             steps = [s for s in (args.steps or MARGINAL_STEPS) if s != "bootstrap"]
             _w, less, _s = _ci(
                 other, other.with_suffix(".cold.log"), steps, seed, args.keep_going

@@ -581,7 +581,8 @@ def test_the_weekly_workflow_re_proves_every_patch() -> None:
     assert prove["env"]["XPU_SERIES_PROVE_ALL"] == "1"
     assert prove["env"]["CI"] == "true"
     # The steps that keep a record or sample, as .ci/run names them, run in full.
-    recorded = ["verify", "mutants", "matrix", "upstream-check", "wheel", "overlay"]
+    recorded = ["verify", "mutants", "matrix", "registered", "upstream-check",
+                "wheel", "overlay"]  # fmt: skip
     assert prove["run"].split()[1:] == recorded
     tags = {s.tag for s in load_script("run_steps.py").STEPS}
     assert set(recorded) <= tags
@@ -619,6 +620,25 @@ def test_bench_ci_leaves_out_the_top_patch_and_what_only_it_tests(
     assert list(record["patches"]) == ["0001-a.patch"]
     # The marginal column reads as a difference, even a negative one.
     assert bench._clock(-75) == "-1m15s" and bench._clock(-2.5) == "-2.5s"
+
+
+def test_the_registered_step_runs_against_the_record_the_hints_write() -> None:
+    import shlex
+
+    from xpu_series.registered.record import HINT
+
+    step = {s.tag: s for s in load_script("run_steps.py").STEPS}["registered"]
+    write = load_script("bench_ci.py").REGISTERED_WRITE
+    hint = shlex.split(HINT.split("'")[1])
+    # The marginal run writes the record with the command the stale step's hint
+    # names, on the file and the tests the step runs against it.
+    assert list(write) == hint
+    record = "--registered-record=patches/registered.json"
+    assert record in step.command and record in write
+    plugin = step.command.index("xpu_series.registered.plugin")
+    assert step.command[plugin - 1] == "-p"
+    assert step.command[-1] == write[-1] == "test/registered/unit"
+    assert (ROOT / "patches" / "registered.json").is_file()
 
 
 def test_keep_going_runs_every_step_and_still_fails_the_run(steps, capsys) -> None:
