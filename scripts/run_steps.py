@@ -48,6 +48,7 @@ from pathlib import Path
 # Its sibling, wherever this file is loaded from (scripts/test, the tests).
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import step_lanes  # noqa: E402
+import step_tmp  # noqa: E402
 from step_processes import reap, stop_group, wait_counted  # noqa: E402
 from step_report import clock as _clock  # noqa: E402
 from step_report import failed_ends, markdown, summary  # noqa: E402
@@ -329,6 +330,7 @@ class Run:
     digest: str = ""  # inputs_digest(), or "" to run every step (--fresh)
     seed: int = 0  # the proofs' sample (XPU_SERIES_PROOF_SEED), told at the start
     keep_going: bool = False  # a failed step does not stop the others
+    tmp: dict[str, str] = field(default_factory=dict)  # TMPDIR, on a tmpfs
 
     def say(self, text: str) -> None:
         with self.lock:
@@ -389,7 +391,9 @@ def run_step(run: Run, step: Step) -> bool:
         )
         run.save()
         return True
-    env = {**THREADS, **os.environ, SEED_ENV: str(run.seed), **dict(step.env)}
+    env = {
+        **THREADS, **os.environ, **run.tmp, SEED_ENV: str(run.seed), **dict(step.env)
+    }  # fmt: skip
     missing = _missing(step.command[0])
     if missing:
         outcome.code, outcome.note = 127, f"cannot run {step.command[0]}: {missing}"
@@ -547,6 +551,18 @@ def main(argv: list[str]) -> int:
         f"proofs: this run re-proves a sample of the unchanged patches, seed "
         f"{run.seed} ({SEED_ENV}={run.seed} scripts/test repeats it)"
     )
+    scratch = step_tmp.scratch_dir(os.environ)
+    if scratch is not None:
+        run.tmp = {"TMPDIR": str(scratch)}
+        run.say(f"temporary files: {scratch} (a tmpfs, removed at the end)")
+    try:
+        return _run_all(run, chosen, args)
+    finally:
+        step_tmp.remove(scratch)
+
+
+def _run_all(run: Run, chosen: list[Step], args: argparse.Namespace) -> int:
+    """The steps, the summary, and the run's exit code."""
     try:
         for step in (s for s in chosen if s.lane == "first"):
             run_step(run, step)

@@ -463,10 +463,10 @@ def test_the_real_steps_cover_every_check(steps) -> None:
             assert shutil.which(program), program
     # The scripts run with this interpreter's stdlib only: nothing imported that
     # .venv would have to provide first.
-    # The runner and its siblings step_lanes.py, step_processes.py and
-    # step_report.py, which are all it imports from scripts/; and profile_ci.py,
-    # which runs it.
-    siblings = {"step_lanes", "step_processes", "step_report", "run_steps"}
+    # The runner and its siblings step_lanes.py, step_processes.py,
+    # step_report.py and step_tmp.py, which are all it imports from scripts/;
+    # and profile_ci.py, which runs it.
+    siblings = {"step_lanes", "step_processes", "step_report", "step_tmp", "run_steps"}
     for name in ("profile_ci.py", *(f"{s}.py" for s in siblings)):
         source = (ROOT / "scripts" / name).read_text()
         imported = set(re.findall(r"^(?:import|from) (\w+)", source, re.M))
@@ -536,8 +536,8 @@ def _steps_printing(steps, variable: str) -> Callable[[str], list[str]]:
     fake_steps(
         steps,
         ("bootstrap", "true", "first", 60),
-        ("a", f"echo {variable}=${variable}", "tool", 60),
-        ("b", f"echo {variable}=${variable}", "serve", 60),
+        ("a", f"echo {variable}=${{{variable}-}}", "tool", 60),
+        ("b", f"echo {variable}=${{{variable}-}}", "serve", 60),
     )
     return lambda out: re.findall(rf"^\[[ab]\] {variable}=(\S*)$", out, re.M)
 
@@ -570,6 +570,35 @@ def test_each_step_runs_torch_on_one_thread_unless_told_otherwise(
     monkeypatch.setenv("OMP_NUM_THREADS", "3")
     assert steps.main(["--fresh"]) == 0
     assert printed(capsys.readouterr().out) == ["3", "3"]
+
+
+def test_the_steps_keep_temporary_files_on_a_tmpfs_removed_after_the_run(
+    steps, monkeypatch: pytest.MonkeyPatch, capsys, tmp_path: Path
+) -> None:
+    tmp = load_script("step_tmp.py")
+    shm = tmp_path / "shm"
+    shm.mkdir()
+    mounts = f"tmpfs {shm} tmpfs rw 0 0\n/dev/vda / ext4 rw 0 0\n"
+    monkeypatch.setattr(steps.step_tmp, "_mounts", lambda: mounts)
+    monkeypatch.setattr(steps.step_tmp, "CANDIDATES", (tmp_path / "not-a-tmpfs", shm))
+    monkeypatch.setattr(steps.step_tmp, "MIN_FREE", 1)
+    printed = _steps_printing(steps, "TMPDIR")
+    monkeypatch.delenv("TMPDIR", raising=False)
+    assert steps.main(["--fresh"]) == 0
+    out = capsys.readouterr().out
+    (folder,) = set(printed(out))
+    assert Path(folder).parent == shm and Path(folder).name.startswith(tmp.PREFIX)
+    assert f"temporary files: {folder} (a tmpfs, removed at the end)" in out
+    assert not Path(folder).exists()  # removed after the run
+    # A TMPDIR the caller exported is theirs; no tmpfs with room, none is made.
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    assert steps.main(["--fresh"]) == 0
+    assert printed(capsys.readouterr().out) == [str(tmp_path), str(tmp_path)]
+    monkeypatch.delenv("TMPDIR")
+    monkeypatch.setattr(steps.step_tmp, "MIN_FREE", 1 << 62)
+    assert steps.main(["--fresh"]) == 0
+    assert printed(capsys.readouterr().out) == ["", ""]
+    assert list(shm.iterdir()) == []
 
 
 def test_the_weekly_workflow_re_proves_every_patch() -> None:
