@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 import threading
 from pathlib import Path
@@ -35,6 +36,32 @@ def test_settled_entries_are_linked_and_staging_ones_left_out(tmp_path: Path) ->
     assert os.path.samefile(original, dest / "wheels" / "ab12" / "sglang-1.whl")
     assert share.link_settled(cache / "bases", dest / "bases") == 0
     assert not (dest / "bases").exists()
+
+
+def test_across_filesystems_a_settled_entry_is_copied(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    cache = tmp_path / "cache" / "bases"
+    (cache / "k1").mkdir(parents=True)
+    (cache / "k1" / "pack").write_bytes(b"objects")
+    (cache / ".k2.tmp").write_bytes(b"half")
+
+    def no_link(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.EXDEV, "Invalid cross-device link")
+
+    monkeypatch.setattr(share.os, "link", no_link)
+    dest = tmp_path / "tmpfs" / "bases"
+    assert share.link_settled(cache, dest) == 1
+    assert (dest / "k1" / "pack").read_bytes() == b"objects"
+    assert not os.path.samefile(cache / "k1" / "pack", dest / "k1" / "pack")
+    assert not (dest / ".k2.tmp").exists()
+
+    def refused(*args: object, **kwargs: object) -> None:
+        raise PermissionError(errno.EPERM, "Operation not permitted")
+
+    monkeypatch.setattr(share.os, "link", refused)  # no other error is hidden
+    with pytest.raises(PermissionError):
+        share.link_settled(cache, tmp_path / "again")
 
 
 def test_an_entry_gone_between_listing_and_link_is_skipped(
