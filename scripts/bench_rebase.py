@@ -235,7 +235,7 @@ def by_hand(move: Move, patches: Path) -> float:
         # No automatic gc (see bench_apply's naive baseline): untimed, not free.
         git = ["git", "-c", "user.name=b", "-c", "user.email=b@b", "-c", "gc.auto=0"]
         start = time.perf_counter()
-        subprocess.run([*git, "clone", "-q", "--local", str(base), str(tree)],
+        subprocess.run([*git, "clone", "-q", str(base), str(tree)],
                        check=True)  # fmt: skip
         subprocess.run([*git, "-C", str(tree), "checkout", "-q", "-B", "x",
                         "upstream"], check=True)  # fmt: skip

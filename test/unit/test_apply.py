@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import socket
 import subprocess
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -511,3 +513,34 @@ def test_a_tree_on_another_upstream_borrows_only_blobs_of_the_base(
         f"{known[:2]}/{known[2:]}"
     )
     assert borrow_blobs(other, cache_repo, {made}) == 0
+
+
+def _other_filesystem(than: Path) -> Path | None:
+    """A folder on another filesystem than `than` (a tmpfs, or the checkout's
+    build/ when the tests run on one), or None."""
+    here = os.stat(than).st_dev
+    for place in (Path("/dev/shm"), Path(__file__).resolve().parents[2] / "build"):
+        if place.is_dir() and os.access(place, os.W_OK):
+            if os.stat(place).st_dev != here:
+                return place
+    return None
+
+
+def test_a_tree_on_another_filesystem_than_the_cache_is_built(
+    three_patches: Project,
+) -> None:
+    place = _other_filesystem(three_patches.root)
+    if place is None:
+        pytest.skip("no writable folder on another filesystem than the tests'")
+    folder = Path(tempfile.mkdtemp(prefix="xpu-apply-", dir=place))
+    try:
+        tree = folder / "sglang"
+        result = three_patches.run("apply", "--tree", str(tree), "--json")
+        assert result.code == 0, result.out + result.err
+        assert subjects(tree) == [
+            "[XPU] Raise VALUE",
+            "[XPU] Fix the answer",
+            "[XPU] Raise the limit",
+        ]
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)

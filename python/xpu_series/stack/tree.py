@@ -209,10 +209,10 @@ def _build_beside(cache_repo: Path, tree: Path, record: dict) -> str:
         shutil.rmtree(leftover, ignore_errors=True)
     staging = tree.parent / f".{tree.name}.partial-{os.getpid()}"
     tree.parent.mkdir(parents=True, exist_ok=True)
-    # A local clone hard-links the pack: no copy of the objects.
-    Git(tree.parent).run(
-        "clone", "-q", "--local", "--no-checkout", str(cache_repo), str(staging)
-    )
+    # A clone from a path hard-links the pack (no copy of the objects), and
+    # copies it where the tree is on another filesystem than the cache
+    # (`--local` would fail there instead).
+    Git(tree.parent).run("clone", "-q", "--no-checkout", str(cache_repo), str(staging))
     new = Git(staging)
     _configure(new)
     new.run("checkout", "-q", "-f", "-B", BRANCH, UPSTREAM_TAG)

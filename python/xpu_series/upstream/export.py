@@ -273,7 +273,8 @@ class Workspace:
                 shutil.rmtree(self.root)
             self.root.parent.mkdir(parents=True, exist_ok=True)
             Git(self.root.parent).run(
-                "clone", "-q", "--local", "--no-checkout", str(self.tree),
+                # Linked, or copied across filesystems (not `--local`).
+                "clone", "-q", "--no-checkout", str(self.tree),
                 str(self.root),
             )  # fmt: skip
             exclude = self.git.git_dir() / "info" / "exclude"
