@@ -15,7 +15,7 @@ import hashlib
 import json
 import os
 import subprocess
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -24,6 +24,8 @@ import xpu_series
 from xpu_series.errors import SeriesError
 from xpu_series.proofs.record import (
     SEED_ENV,
+    _digest,
+    _files_digest,
     budget_s,
     environment_digest,
     files_tests_read,
@@ -45,13 +47,6 @@ HINT = (
 )
 
 _HERE = Path(__file__).resolve()
-
-
-def _digest(parts: Iterable[bytes]) -> str:
-    h = hashlib.sha256()
-    for part in parts:
-        h.update(hashlib.sha256(part).digest())
-    return h.hexdigest()
 
 
 def code_digest() -> str:
@@ -89,15 +84,10 @@ def tree_state(tree: Path | None) -> str:
 
 def file_inputs(root: Path, test: str, tree: str) -> dict[str, str]:
     """One digest per kind of input a test file's run depends on."""
-    read = files_tests_read(root, [test])
-    parts: list[bytes] = []
-    for path in read:
-        parts.append(str(path.relative_to(root.resolve())).encode())
-        parts.append(path.read_bytes())
     pin = root / "patches" / "upstream.toml"
     return {
         "tree": _digest([tree.encode()]),
-        "tests": _digest(parts),
+        "tests": _files_digest(root, files_tests_read(root, [test])),
         "pin": _digest([pin.read_bytes() if pin.is_file() else b""]),
         "environment": environment_digest(root),
         "code": code_digest(),
