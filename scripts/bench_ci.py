@@ -55,8 +55,6 @@ QUICK = (
     "bench_audit.py",
     "bench_upstream.py",
 )
-# The steps whose work is per patch and that stay whole with the top patch left
-# out (bootstrap runs before them anyway).
 # What writes the registered tests' record (the hint the registered step gives).
 REGISTERED_WRITE = (
     ".venv/bin/python", "-m", "pytest", "-q", "-p", "no:cacheprovider",
@@ -64,6 +62,8 @@ REGISTERED_WRITE = (
     "--registered-record=patches/registered.json", "--registered-write",
     "test/registered/unit",
 )  # fmt: skip
+# The steps whose work is per patch and that stay whole with the top patch left
+# out (bootstrap runs before them anyway).
 MARGINAL_STEPS = ("verify", "mutants", "matrix", "registered", "upstream-check")
 TOTAL = "(wall clock)"
 

@@ -158,13 +158,7 @@ def test_a_stale_record_runs_in_full_fails_in_ci_and_the_hint_works(
     ci = _pytest(checkout, CI="true", XPU_SERIES_REGISTERED_SAMPLE="0")
     assert ci.returncode == 1, ci.stdout + ci.stderr
     assert _ran_heavy(checkout) and "the record is stale for" in ci.stdout
-    hint = ci.stdout.split("hint: run '", 1)[1].split("'", 1)[0]
-    args = shlex.split(hint)
-    assert args[0] == ".venv/bin/python"
-    followed = subprocess.run(
-        [sys.executable, *args[1:]], cwd=checkout, env=_env(checkout),
-        capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+    followed = _follow(checkout, ci.stdout.split("hint: ", 1)[1])
     assert followed.returncode == 0, followed.stdout + followed.stderr
     again = _pytest(checkout, CI="true", XPU_SERIES_REGISTERED_SAMPLE="0")
     assert again.returncode == 0, again.stdout + again.stderr
@@ -200,6 +194,31 @@ def test_a_tree_that_changes_while_the_tests_run_is_not_recorded(
     assert done.returncode == 0, done.stdout + done.stderr
     assert "not recorded: the tree changed while it ran" in done.stdout
     assert not (checkout / RECORD).exists()
+
+
+def _follow(checkout: Path, hint: str) -> subprocess.CompletedProcess[str]:
+    """The hint's command as printed, with this interpreter for .venv's."""
+    args = shlex.split(hint.split("run '", 1)[1].split("'", 1)[0])
+    assert args[0] == ".venv/bin/python"
+    return subprocess.run(
+        [sys.executable, *args[1:]], cwd=checkout, env=_env(checkout),
+        capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+
+
+def test_a_damaged_record_is_an_error_whose_hint_writes_it_again(
+    checkout: Path,
+) -> None:
+    (checkout / "patches" / "registered.json").write_text("{not json")
+    done = _pytest(checkout, CI="true")
+    assert done.returncode == 4, done.stdout + done.stderr  # usage error
+    said = done.stdout + done.stderr
+    assert "registered.json is not valid JSON" in said and "hint: run '" in said
+    followed = _follow(checkout, said.split("hint: ", 1)[1])
+    assert followed.returncode == 0, followed.stdout + followed.stderr
+    assert "recorded 2 files" in followed.stdout
+    again = _pytest(checkout, CI="true")
+    assert again.returncode == 0, again.stdout + again.stderr
 
 
 def test_a_failing_run_writes_no_record(checkout: Path) -> None:

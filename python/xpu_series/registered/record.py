@@ -11,7 +11,6 @@ whose outcomes differ from the record fails the run. `XPU_SERIES_PROVE_ALL=1`
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import subprocess
@@ -82,12 +81,11 @@ def tree_state(tree: Path | None) -> str:
     return "tree " + head.stdout.strip()
 
 
-def file_inputs(root: Path, test: str, tree: str) -> dict[str, str]:
-    """One digest per kind of input a test file's run depends on."""
+def shared_inputs(root: Path, tree: str) -> dict[str, str]:
+    """The digests of what every test file's run depends on alike."""
     pin = root / "patches" / "upstream.toml"
     return {
         "tree": _digest([tree.encode()]),
-        "tests": _files_digest(root, files_tests_read(root, [test])),
         "pin": _digest([pin.read_bytes() if pin.is_file() else b""]),
         "environment": environment_digest(root),
         "code": code_digest(),
@@ -95,8 +93,15 @@ def file_inputs(root: Path, test: str, tree: str) -> dict[str, str]:
     }
 
 
-def _key(inputs: Mapping[str, str]) -> str:
-    return hashlib.sha256(json.dumps(dict(inputs), sort_keys=True).encode()).hexdigest()
+def file_inputs(
+    root: Path, test: str, tree: str, shared: Mapping[str, str] | None = None
+) -> dict[str, str]:
+    """One digest per kind of input a test file's run depends on (`shared`:
+    shared_inputs, when the caller has it already)."""
+    return {
+        **(shared_inputs(root, tree) if shared is None else shared),
+        "tests": _files_digest(root, files_tests_read(root, [test])),
+    }
 
 
 @dataclass(frozen=True)
@@ -220,15 +225,16 @@ def plan(
     record stands for (see the module's docstring)."""
     out = Plan()
     costly: list[str] = []
+    shared = shared_inputs(root, tree)
     for name in files:
-        inputs = file_inputs(root, name, tree)
+        inputs = file_inputs(root, name, tree, shared)
         out.inputs[name] = inputs
         kept = records.get(name)
         if not tree.startswith("tree "):
             out.run[name] = tree
         elif kept is None:
             out.run[name] = "no record"
-        elif _key(kept.inputs) != _key(inputs):
+        elif dict(kept.inputs) != inputs:
             changed = sorted(k for k in inputs if inputs[k] != kept.inputs.get(k))
             out.run[name] = "changed: " + ", ".join(changed)
         elif everything or kept.seconds <= CHEAP_S:
