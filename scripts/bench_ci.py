@@ -13,15 +13,22 @@ and system seconds from build/reports/steps.json.
     python3 scripts/bench_ci.py --quick          # the last run's steps, no new run
     python3 scripts/bench_ci.py --quick-all      # every bench_*.py in quick mode
 
-The marginal run leaves out the top patch (the one a series grows by; a patch
-lower down would change the record of every patch above it), its line in
-patches/series, its record and the test files only it names, and runs the steps
-that prove patches (MARGINAL_STEPS; the overlay's diffs and the audit's triage
-name every patch, so the series is whole there). Its registered tests' record,
-keyed by the whole tree, is written first, untimed (record_registered). Every
-run uses one proof seed, so the sample is the same but for the left-out patch's
-own place in it.
-Marginal = the whole series' CPU in the cold run minus the run without it.
+The marginal runs happen in the cold run's clone once it is done, its content
+caches warm, each running afresh (XPU_SERIES_FRESH) the steps that prove patches
+(MARGINAL_STEPS; the overlay's diffs and the audit's triage name every patch, so
+the series is whole there), all with one proof seed:
+- the whole series;
+- the top patch new: its records taken out (unrecord), run outside CI, where a
+  patch with no record is proven in full (the run that records it); in CI a
+  missing record fails;
+- the series without the top patch (the one a series grows by; a patch lower
+  down would change the record of every patch above it): its line in
+  patches/series, its file, its record and the test files only it names. Its
+  registered tests' record, keyed by the whole tree, is written first
+  (record_registered), and one untimed run builds its own trees, so that both
+  sides find their trees built.
+Marginal = the whole series' CPU minus the series without the top patch (the
+cost CI pays for a recorded patch); first proof = new minus whole.
 
 --quick reads build/reports/steps.json (what scripts/test writes as it goes) and
 prints the same table; --quick-all is what CI runs so no benchmark rots: the
@@ -162,6 +169,38 @@ def leave_out(clone: Path, name: str) -> list[str]:
     return removed
 
 
+def unrecord(clone: Path, name: str) -> list[str]:
+    """`name` as a patch just added: its entries out of every committed record
+    (verify's, the matrix's, the upstream checks' and the registered tests' of
+    the files only it names). Returns the records changed."""
+    patches = clone / "patches"
+    only = _tests_of(patches / name)
+    for other in patches.glob("*.patch"):
+        if other.name != name:
+            only -= _tests_of(other)
+    entries = {
+        "proofs.json": lambda d: [d["patches"]],
+        "matrix-record.json": lambda d: list(d["releases"].values()),
+        "upstream-checks.json": lambda d: [d["checks"]],
+    }
+    changed = []
+    for record, tables in entries.items():
+        path = patches / record
+        if not path.is_file():
+            continue
+        data = json.loads(path.read_text())
+        if [t.pop(name) for t in tables(data) if name in t]:
+            path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+            changed.append(f"patches/{record}")
+    path = patches / "registered.json"
+    if path.is_file():
+        data = json.loads(path.read_text())
+        if [data["files"].pop(t) for t in sorted(only) if t in data["files"]]:
+            path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
+            changed.append("patches/registered.json")
+    return changed
+
+
 def record_registered(clone: Path, log: Path) -> None:
     """Untimed: bootstrap `clone` and write its registered tests' record. The
     record is keyed by the whole tree, which the left-out patch changes, so the
@@ -216,16 +255,26 @@ def _clone(head: str, dirty: bool, label: str, extra: Path | None) -> Path:
 
 
 def _ci(
-    clone: Path, log: Path, steps: list[str], seed: int, keep_going: bool = False
+    clone: Path,
+    log: Path,
+    steps: list[str],
+    seed: int,
+    keep_going: bool = False,
+    fresh: bool = False,
+    ci: bool = True,
 ) -> tuple[dict[str, float], dict[str, float], dict[str, float]]:
-    """One run of the README's command in `clone` (only `steps`, when named):
-    wall, CPU and system seconds per step."""
+    """One run of the README's command in `clone` (only `steps`, when named;
+    `fresh`: none passed from the steps' cache; not `ci`: as a developer runs
+    it): wall, CPU and system seconds per step."""
     start = time.monotonic()
     command = ["bash", ".ci/run"] if not steps else ["scripts/test", *steps]
     if keep_going:
         command = ["scripts/test", "--keep-going", *steps]
-    env = {**os.environ, "CI": "true", "XPU_SERIES_PROOF_SEED": str(seed)}
+    env = {**os.environ, "XPU_SERIES_PROOF_SEED": str(seed)}
     env.pop("XPU_SERIES_FRESH", None)
+    env.pop("CI", None)
+    env.update({"CI": "true"} if ci else {})
+    env.update({"XPU_SERIES_FRESH": "1"} if fresh else {})
     with log.open("w") as out:
         done = subprocess.run(command, cwd=clone, env=env, stdout=out,
                               stderr=subprocess.STDOUT, check=False)  # fmt: skip
@@ -243,6 +292,36 @@ def _ci(
     )
 
 
+def marginal(
+    clone: Path, name: str, steps: list[str], seed: int, keep_going: bool
+) -> tuple[dict[str, float], dict[str, float]]:
+    """In the cold run's clone: CPU seconds per step of the whole series minus
+    the series without `name`, and of `name` new minus the whole series (see the
+    module's docstring). Leaves `clone` without `name`."""
+
+    def cpu(label: str, ci: bool = True) -> dict[str, float]:
+        log = clone.with_suffix(f".{label}.log")
+        return _ci(clone, log, steps, seed, keep_going, fresh=True, ci=ci)[1]
+
+    def minus(a: dict[str, float], b: dict[str, float]) -> dict[str, float]:
+        diff = {t: a[t] - b.get(t, 0.0) for t in a if t != TOTAL}
+        return {**diff, TOTAL: sum(diff.values())}
+
+    whole = cpu("whole")
+    # Put back byte for byte after: a --dirty clone's records are not HEAD's.
+    kept = {p: p.read_bytes() for p in (clone / "patches").glob("*.json")}
+    print(f"  {name} new: took out of {', '.join(unrecord(clone, name))}",
+          flush=True)  # fmt: skip
+    new = cpu("new", ci=False)
+    for path, data in kept.items():
+        path.write_bytes(data)
+    removed = leave_out(clone, name)
+    print(f"  without {name}: removed {', '.join(removed)}", flush=True)
+    record_registered(clone, clone.with_suffix(".record.log"))
+    cpu("without-untimed")
+    return minus(whole, cpu("without")), minus(new, whole)
+
+
 def full(args: argparse.Namespace) -> int:
     head = subprocess.run(
         ["git", "-C", str(ROOT), "rev-parse", "--short", "HEAD"],
@@ -254,7 +333,8 @@ def full(args: argparse.Namespace) -> int:
     }  # fmt: skip
     if not args.no_warm:
         columns["warm"] = []
-    marginal: list[dict[str, float]] = []
+    costs: list[dict[str, float]] = []
+    firsts: list[dict[str, float]] = []
     left = args.leave_out or top_patch(ROOT)
     for number in range(1, args.runs + 1):
         print(f"run {number}/{args.runs}: clean clone of {head} (seed {seed})",
@@ -273,24 +353,15 @@ def full(args: argparse.Namespace) -> int:
             )[0]  # fmt: skip
             columns["warm"].append(warm)
         if not args.no_marginal:
-            other = _clone(head, args.dirty, "without", args.apply)
-            removed = leave_out(other, left)
-            print(f"  without {left}: removed {', '.join(removed)}", flush=True)
-            record_registered(other, other.with_suffix(".record.log"))
             steps = [s for s in (args.steps or MARGINAL_STEPS) if s != "bootstrap"]
-            _w, less, _s = _ci(
-                other, other.with_suffix(".cold.log"), steps, seed, args.keep_going
-            )
-            whole = {t: cpu[t] for t in steps if t in cpu}
-            diff = {t: whole[t] - less.get(t, 0.0) for t in whole}
-            diff[TOTAL] = sum(diff.values())
-            marginal.append(diff)
-            if not args.keep:
-                shutil.rmtree(other, ignore_errors=True)
+            cost, first = marginal(clone, left, steps, seed, args.keep_going)
+            costs.append(cost)
+            firsts.append(first)
         if not args.keep:
             shutil.rmtree(clone, ignore_errors=True)
-    if marginal:
-        columns[f"cpu of {left[:4]}"] = marginal
+    if costs:
+        columns[f"cpu of {left[:4]}"] = costs
+        columns[f"first proof of {left[:4]}"] = firsts
     print(f"\nscripts/test on {head}, {os.cpu_count()} cores, proof seed {seed}")
     print(render(columns))
     return 0

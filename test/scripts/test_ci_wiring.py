@@ -651,6 +651,49 @@ def test_bench_ci_leaves_out_the_top_patch_and_what_only_it_tests(
     assert bench._clock(-75) == "-1m15s" and bench._clock(-2.5) == "-2.5s"
 
 
+def test_bench_ci_takes_a_new_patch_out_of_every_record_and_no_other(
+    tmp_path: Path,
+) -> None:
+    bench = load_script("bench_ci.py")
+    patches = tmp_path / "patches"
+    patches.mkdir()
+    (patches / "series").write_text("0001-a.patch\n0002-b.patch\n")
+    (patches / "0001-a.patch").write_text("Subject: a\n\nTests: t/test_a.py\n---\n")
+    (patches / "0002-b.patch").write_text(
+        "Subject: b\n\nTests: t/test_b.py t/test_a.py\n---\n"
+    )
+    both = {"0001-a.patch": {"k": 1}, "0002-b.patch": {"k": 2}}
+    records = {
+        "proofs.json": {"format": 1, "patches": dict(both)},
+        "matrix-record.json": {
+            "format": 1,
+            "releases": {"0.5.20": {"0001-a.patch": {}}, "0.5.21": dict(both)},
+        },
+        "upstream-checks.json": {"format": 1, "checks": dict(both)},
+        "registered.json": {
+            "format": 1,
+            "files": {"t/test_a.py": {}, "t/test_b.py": {}, "t/test_c.py": {}},
+        },
+    }
+    for name, data in records.items():
+        (patches / name).write_text(json.dumps(data))
+    changed = bench.unrecord(tmp_path, "0002-b.patch")
+    assert sorted(changed) == sorted(f"patches/{n}" for n in records)
+    read = {n: json.loads((patches / n).read_text()) for n in records}
+    assert list(read["proofs.json"]["patches"]) == ["0001-a.patch"]
+    assert read["matrix-record.json"]["releases"] == {
+        "0.5.20": {"0001-a.patch": {}},
+        "0.5.21": {"0001-a.patch": {"k": 1}},
+    }
+    assert list(read["upstream-checks.json"]["checks"]) == ["0001-a.patch"]
+    # Only the file no other patch names: the shared one keeps its record.
+    assert sorted(read["registered.json"]["files"]) == ["t/test_a.py", "t/test_c.py"]
+    # Nothing of it is left to take out: no record is written again.
+    before = {n: (patches / n).read_bytes() for n in records}
+    assert bench.unrecord(tmp_path, "0002-b.patch") == []
+    assert {n: (patches / n).read_bytes() for n in records} == before
+
+
 def test_the_registered_step_runs_against_the_record_the_hints_write() -> None:
     import shlex
 
