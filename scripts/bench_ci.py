@@ -12,6 +12,7 @@ and system seconds from build/reports/steps.json.
     python3 scripts/bench_ci.py --keep-going     # time every step, even failed ones
     python3 scripts/bench_ci.py --quick          # the last run's steps, no new run
     python3 scripts/bench_ci.py --quick-all      # every bench_*.py in quick mode
+    python3 scripts/bench_ci.py --replay A.steps.json ...  # the lanes' order, replayed
 
 The marginal runs happen in the cold run's clone once it is done, its content
 caches warm, each running afresh (XPU_SERIES_FRESH) the steps that prove patches
@@ -29,6 +30,12 @@ the series is whole there), all with one proof seed:
   sides find their trees built.
 Marginal = the whole series' CPU minus the series without the top patch (the
 cost CI pays for a recorded patch); first proof = new minus whole.
+
+--replay reads the steps.json of runs (a cold run's is kept beside its log) and
+replays each through the scheduler (step_lanes.replay) with each step's measured
+seconds: once in the order the committed cost_s give, once with the run's own
+seconds as costs (the best that order could do knowing the run). The lanes' cost_s
+are kept up to date with it.
 
 --quick reads build/reports/steps.json (what scripts/test writes as it goes) and
 prints the same table; --quick-all is what CI runs so no benchmark rots: the
@@ -52,6 +59,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = Path("build") / "reports" / "steps.json"
@@ -368,6 +376,46 @@ def full(args: argparse.Namespace) -> int:
     return 0
 
 
+def replay(paths: list[Path]) -> str:
+    """Each run's wall clock, and its steps replayed in the lanes' order with the
+    committed cost_s and with its own seconds as costs (see the docstring)."""
+    sys.path.insert(0, str(ROOT / "scripts"))
+    import run_steps
+    import step_lanes
+
+    rows = [("run", "wall clock", "replayed: cost_s", "replayed: own seconds")]
+    for path in paths:
+        took = load_steps(path)
+        first = sum(took.get(s.tag, 0.0) for s in run_steps.STEPS if s.lane == "first")
+        steps = [s for s in run_steps.STEPS if s.lane != "first" and s.tag in took]
+        lanes = [[s for s in steps if s.lane == lane] for lane in run_steps.LANES]
+        lanes = [lane for lane in lanes if lane]
+        own = [[_Costed(round(took[s.tag]), s.tag) for s in lane] for lane in lanes]
+
+        def seconds(step: Any, took: dict[str, float] = took) -> float:
+            return took[step.tag]
+
+        rows.append((
+            path.name,
+            _clock(took[TOTAL]),
+            # Two cores: what CI's machines have, and what cost_s is for.
+            _clock(first + step_lanes.replay(lanes, 2, seconds)),
+            _clock(first + step_lanes.replay(own, 2, seconds)),
+        ))  # fmt: skip
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    lines = (
+        "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows
+    )
+    return "\n".join(line.rstrip() for line in lines)
+
+
+class _Costed:
+    """A step with other costs, for replay."""
+
+    def __init__(self, cost_s: int, tag: str) -> None:
+        self.cost_s, self.tag = cost_s, tag
+
+
 def quick_all() -> int:
     for script in QUICK:
         print(f"--- {script} --quick", flush=True)
@@ -412,6 +460,13 @@ def main(argv: list[str]) -> int:
     mode = parser.add_mutually_exclusive_group()
     mode.add_argument("--quick", action="store_true", help="the last run's steps")
     mode.add_argument("--quick-all", action="store_true", help="every quick mode")
+    mode.add_argument(
+        "--replay",
+        nargs="+",
+        type=Path,
+        metavar="STEPS_JSON",
+        help="replay these runs' step times through the lanes' order",
+    )
     parser.add_argument(
         "--steps-file", type=Path, default=ROOT / STEPS, help="with --quick: this"
     )
@@ -430,6 +485,9 @@ def main(argv: list[str]) -> int:
         return 0
     if args.quick_all:
         return quick_all()
+    if args.replay:
+        print(replay(args.replay))
+        return 0
     return full(args)
 
 

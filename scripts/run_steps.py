@@ -116,13 +116,16 @@ class Step:
     # newer release appears without any change here). When the command fails,
     # the step runs and its pass is not remembered.
     key_from: tuple[str, ...] = ()
-    # Seconds the step held its slot in a cold run on two cores (the "seconds"
-    # of build/reports/steps.json of a clean clone, 56cb358): only the order in
-    # which lanes get a slot depends on it. Wall time, not CPU: a step that waits
-    # (servers, pip, buildah) holds its slot longer than its CPU says. Five cold
-    # runs' step times replayed through the scheduler end 5 s sooner on average
-    # with these than with the CPU seconds the costs were before (4 of 5 sooner,
-    # by 12 s; one whose sample was heavy, 22 s later).
+    # Seconds the step held its slot in a cold run on two cores (the mean
+    # "seconds" of build/reports/steps.json of two clean clones at 72b05c6):
+    # only the order in which lanes get a slot depends on it. Wall time, not
+    # CPU: a step that waits (servers, pip, buildah) holds its slot longer than
+    # its CPU says. `bench_ci.py --replay` replays runs' step times through the
+    # scheduler (it gives those two runs' wall clocks to the second with the
+    # costs before): with these, they end in 556 s and 494 s, not 569 s and
+    # 518 s. Costs measured at an older commit (registered 172 s where it now
+    # holds its slot for 67 s) had the install lane's image step end the run
+    # alone on one core.
     cost_s: int = 60
 
 
@@ -169,13 +172,13 @@ STEPS: tuple[Step, ...] = (
          "tool tests (test/unit but its proofs' and the audit's) and doctests",
          (*PYTEST, "--durations=10", "--doctest-modules", "python/xpu_series",
           "test/unit", *(f"--ignore={t}" for t in (*PROOF_TESTS, AUDIT_TESTS))),
-         "tool", cost_s=190),
+         "tool", cost_s=85),
     Step("proof-tool-tests",
          "tool tests of the proofs (verify, records, matrix, upstream export)",
-         (*PYTEST, "--durations=10", *PROOF_TESTS), "unit", cost_s=173),
+         (*PYTEST, "--durations=10", *PROOF_TESTS), "unit", cost_s=192),
     Step("script-tests",
          "script tests (test/scripts): serving scripts, probe, chunked-prefill tools",
-         (*PYTEST, "test/scripts"), "proof", cost_s=78),
+         (*PYTEST, "test/scripts"), "proof", cost_s=89),
     Step("registration",
          "registration: every registered file is registered; nothing under test/manual",
          (PY, "scripts/check_registration.py"), "tool", cost_s=0),
@@ -183,61 +186,61 @@ STEPS: tuple[Step, ...] = (
          "refresh --check: patches/ is byte for byte what refresh writes from the tree",
          (".venv/bin/xpu-series", "refresh", "--check"), "tool", cost_s=1),
     Step("verify", "verify: every patch is proven",
-         (".venv/bin/xpu-series", "verify"), "proof", cost_s=21),
+         (".venv/bin/xpu-series", "verify"), "proof", cost_s=27),
     # After verify in its lane: the pin's runs come from verify's outcomes.
     Step("matrix",
          "behavioural matrix: each served release (serves-from..pin) and every newer "
          "one (build/reports/)",
-         sh(MATRIX), "proof", cost_s=68,
+         sh(MATRIX), "proof", cost_s=74,
          key_from=(".venv/bin/xpu-series", "matrix", "--releases")),
     Step("mutants",
          "verify --mutants: each patch's tests kill every mutant of the lines it adds",
-         (".venv/bin/xpu-series", "verify", "--mutants"), "tool", cost_s=54),
+         (".venv/bin/xpu-series", "verify", "--mutants"), "tool", cost_s=41),
     Step("registered",
          "registered CPU tests on the patched tree (test/registered/unit) against "
          "patches/registered.json: changed and cheap files, a seeded costly one",
          (*PYTEST, *REGISTERED_RECORD, "--durations=8", "test/registered/unit"),
-         "proof", cost_s=172),
+         "proof", cost_s=67),
     Step("audit",
          "audit: no exposed CUDA-only finding on the patched tree (--check); the "
          "pristine pin's report; SARIF; the known bugs found in real releases",
-         sh(AUDIT), "tool", cost_s=55),
+         sh(AUDIT), "tool", cost_s=43),
     # The serving lane: real servers of the stand-in.
     Step("standin-suite",
          "XPU chunked-prefill suite on the CPU stand-in (real SGLang servers; see "
          "its README)",
          (*PYTEST, "-rs", "--durations=8", "test/manual/chunked_prefill"), "serve",
-         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=98),
+         env=(("SGLANG_XPU_STANDIN", "cpu"),), cost_s=102),
     Step("xpu-suites",
          "XPU suites (test/manual, test/registered/e2e): import, collect, skip "
          "with reasons",
          # One run: a file that does not import or collect fails it (exit 2) as
          # a separate --collect-only did, which imported sglang a second time.
-         (*PYTEST, "-rs", "test/manual", "test/registered/e2e"), "serve", cost_s=15),
+         (*PYTEST, "-rs", "test/manual", "test/registered/e2e"), "serve", cost_s=18),
     Step("standin-scripts",
          "measurement and serving scripts against real servers on the CPU stand-in "
          "(test/standin)",
-         (*PYTEST, "-rs", "--durations=5", "test/standin"), "serve", cost_s=168),
+         (*PYTEST, "-rs", "--durations=5", "test/standin"), "serve", cost_s=158),
     # The install lane: real pip installs and images of real releases.
     Step("overlay",
          "overlay: the fork installed into a real pip install of each served release "
          "(docker/install-fork.sh)",
-         (PY, "scripts/check_overlay.py"), "install", cost_s=79),
+         (PY, "scripts/check_overlay.py"), "install", cost_s=104),
     Step("wheel",
          "wheel: the patched sglang as a pip wheel (built twice, byte-identical), "
          "installed in a fresh venv and over the stock release, the patches' fast "
          "tests on the install, uninstall leaves nothing",
-         (PY, "scripts/check_wheel.py"), "install", cost_s=40),
+         (PY, "scripts/check_wheel.py"), "install", cost_s=57),
     Step("replay",
          "replay the last move (patches/moves/, patches/resolutions/) from git "
          "history: byte for byte",
-         (PY, "scripts/replay_move.py"), "proof", cost_s=35),
+         (PY, "scripts/replay_move.py"), "proof", cost_s=21),
     Step("image",
          "image: docker/Dockerfile built with buildah as xpu-serve --fork builds it, "
          "on a stand-in for the official XPU image (overlay: pin and oldest served "
          "release; wheel: the pin); "
          "a broken base must fail it",
-         (PY, "scripts/check_image.py"), "install", cost_s=106),
+         (PY, "scripts/check_image.py"), "install", cost_s=84),
     Step("upstream-check",
          "upstream --check: each carried patch and declared bundle exports as an "
          "upstream pull request "
@@ -245,11 +248,11 @@ STEPS: tuple[Step, ...] = (
          # One invocation: one test interpreter for every patch (torch and
          # sglang's imports load once, not twice per patch).
          (".venv/bin/xpu-series", "upstream", "--all", "--check"), "upstream",
-         cost_s=74),
+         cost_s=76),
     # After upstream-check in its lane: bench_upstream reads its outcomes. Its
     # quick mode of bench_ci reads the steps the run has timed so far.
     Step("benchmarks", "benchmarks, quick mode: every scripts/bench_*.py still runs",
-         (PY, "scripts/bench_ci.py", "--quick-all"), "upstream", cost_s=151),
+         (PY, "scripts/bench_ci.py", "--quick-all"), "upstream", cost_s=123),
 )  # fmt: skip
 
 

@@ -3,6 +3,7 @@ cores. Standard library only (see run_steps.py)."""
 
 from __future__ import annotations
 
+import heapq
 import threading
 from collections.abc import Callable, Sequence
 from typing import Protocol
@@ -38,20 +39,14 @@ def run_lanes(
     pending = [list(lane) for lane in lanes]
     busy: list[Lanestep | None] = [None] * len(pending)
     turn = threading.Condition()
-    cores = max(1, jobs)
-    slots = cores + (1 if cores > 1 else 0)
 
     def take() -> tuple[int, Lanestep] | None:
         with turn:
             while True:
                 # One thread per slot: a thread asking has no step running,
                 # so a ready lane always has a slot.
-                ready = [
-                    i for i, left in enumerate(pending) if left and busy[i] is None
-                ]
-                if ready:
-                    # max() keeps the first of equals: the lanes' own order.
-                    i = max(ready, key=lambda k: sum(s.cost_s for s in pending[k]))
+                i = _next_lane(pending, [b is not None for b in busy])
+                if i is not None:
                     busy[i] = step = pending[i].pop(0)
                     return i, step
                 if all(s is None for s in busy):
@@ -68,8 +63,47 @@ def run_lanes(
                     busy[lane] = None
                     turn.notify_all()
 
-    threads = [threading.Thread(target=worker) for _ in range(slots)]
+    threads = [threading.Thread(target=worker) for _ in range(_slots(jobs))]
     for thread in threads:
         thread.start()
     for thread in threads:
         thread.join()
+
+
+def _slots(jobs: int) -> int:
+    cores = max(1, jobs)
+    return cores + (1 if cores > 1 else 0)
+
+
+def _next_lane(
+    pending: Sequence[Sequence[Lanestep]], busy: Sequence[bool]
+) -> int | None:
+    """The lane a free slot goes to: of the ready ones, the one with the most
+    cost_s left (max() keeps the first of equals: the lanes' own order)."""
+    ready = [i for i, left in enumerate(pending) if left and not busy[i]]
+    if not ready:
+        return None
+    return max(ready, key=lambda k: sum(s.cost_s for s in pending[k]))
+
+
+def replay(
+    lanes: Sequence[Sequence[Lanestep]],
+    jobs: int,
+    seconds: Callable[[Lanestep], float],
+) -> float:
+    """When run_lanes would end if each step took `seconds(step)` whatever ran
+    beside it: the scheduler's order for a run's measured step times, to weigh
+    one set of costs against another (bench_ci.py --replay)."""
+    pending = [list(lane) for lane in lanes]
+    busy = [False] * len(pending)
+    ends: list[tuple[float, int]] = []  # (when, lane) of the steps running
+    now, free = 0.0, _slots(jobs)
+    while True:
+        while free and (i := _next_lane(pending, busy)) is not None:
+            step = pending[i].pop(0)
+            busy[i], free = True, free - 1
+            heapq.heappush(ends, (now + seconds(step), i))
+        if not ends:
+            return now
+        now, i = heapq.heappop(ends)
+        busy[i], free = False, free + 1

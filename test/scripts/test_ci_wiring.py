@@ -700,6 +700,34 @@ def test_bench_ci_takes_a_new_patch_out_of_every_record_and_no_other(
     assert {n: (patches / n).read_bytes() for n in records} == before
 
 
+def test_bench_ci_replays_a_run_through_the_lanes_order(tmp_path: Path) -> None:
+    bench = load_script("bench_ci.py")
+    steps = load_script("run_steps.py").STEPS
+    # A run whose steps took what their costs say, bootstrap 40 s: the replay
+    # with the committed costs is the replay with its own seconds.
+    took = {s.tag: (40.0 if s.tag == "bootstrap" else 0.0) if s.lane == "first"
+            else float(s.cost_s) for s in steps}  # fmt: skip
+    path = tmp_path / "run.steps.json"
+    path.write_text(json.dumps({
+        "wall_s": 600.0,
+        "steps": [{"tag": t, "seconds": v, "cpu_s": v, "sys_s": 0.0, "code": 0}
+                  for t, v in took.items()],
+    }))  # fmt: skip
+    (head, row) = bench.replay([path]).splitlines()
+    assert head.split("  ")[0] == "run"
+    name, wall, committed, own = row.split()
+    assert (name, wall) == ("run.steps.json", "10m00s")
+    assert committed == own
+    # At least the longest lane after bootstrap, at most every step in a row.
+    lanes: dict[str, float] = {}
+    for s in steps:
+        if s.lane != "first":
+            lanes[s.lane] = lanes.get(s.lane, 0.0) + s.cost_s
+    minutes, seconds = committed.rstrip("s").split("m")
+    end = int(minutes) * 60 + int(seconds)
+    assert 40 + max(lanes.values()) <= end <= 40 + sum(lanes.values())
+
+
 def test_the_registered_step_runs_against_the_record_the_hints_write() -> None:
     import shlex
 

@@ -111,3 +111,47 @@ def test_a_free_core_goes_to_the_lane_with_the_most_work_left(
     assert steps.main(["--fresh", "-j", "1"]) == 0
     # serve has 105 left, then proof 30 against serve's 5 and tool's 20, ...
     assert log.read_text().split() == ["serve1", "proof1", "tool1", "tool2", "serve2"]
+
+
+def test_a_replay_orders_steps_as_the_lanes_do_and_costs_decide_the_end() -> None:
+    import threading
+    from dataclasses import dataclass
+
+    from conftest import load_script
+
+    lanes_module = load_script("step_lanes.py")
+
+    @dataclass(frozen=True)
+    class Fake:
+        tag: str
+        seconds: float
+        cost_s: int
+
+    def lanes(long_cost: int) -> list[list[Fake]]:
+        return [
+            [Fake("b", 10, 10)], [Fake("c", 10, 10)], [Fake("d", 10, 10)],
+            [Fake("a", 30, long_cost)],
+        ]  # fmt: skip
+
+    def took(step: Fake) -> float:
+        return step.seconds
+
+    # Two cores, three slots: the long lane first when its cost says so, and it
+    # ends the run alone when its cost understates it.
+    assert lanes_module.replay(lanes(30), 2, took) == 30
+    assert lanes_module.replay(lanes(1), 2, took) == 40
+    # One core, one slot: one after another, whatever the costs.
+    assert lanes_module.replay(lanes(1), 1, took) == 60
+    # The same choice as the threaded scheduler: the order steps start in.
+    order: list[str] = []
+    lock = threading.Lock()
+
+    def work(step: Fake) -> None:
+        with lock:
+            order.append(step.tag)
+
+    lanes_module.run_lanes(lanes(1), 1, work)
+    assert order == ["b", "c", "d", "a"]
+    order.clear()
+    lanes_module.run_lanes(lanes(30), 1, work)
+    assert order == ["a", "b", "c", "d"]
