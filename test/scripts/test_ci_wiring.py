@@ -623,17 +623,25 @@ def test_the_weekly_workflow_re_proves_every_patch() -> None:
     assert set(recorded) <= tags
 
 
+def _two_patches(root: Path, b_fields: str) -> Path:
+    """patches/ of a series a, b: a names t/test_a.py, b's header ends with
+    `b_fields`."""
+    patches = root / "patches"
+    patches.mkdir()
+    (patches / "series").write_text("# s\n0001-a.patch\n0002-b.patch\n")
+    (patches / "0001-a.patch").write_text("Subject: a\n\nTests: t/test_a.py\n---\n")
+    (patches / "0002-b.patch").write_text(f"Subject: b\n\n{b_fields}")
+    return patches
+
+
 def test_bench_ci_leaves_out_the_top_patch_and_what_only_it_tests(
     tmp_path: Path,
 ) -> None:
     bench = load_script("bench_ci.py")
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    (patches / "series").write_text("# s\n0001-a.patch\n0002-b.patch\n")
-    (patches / "0001-a.patch").write_text("Subject: a\n\nTests: t/test_a.py\n---\n")
-    (patches / "0002-b.patch").write_text(
-        "Subject: b\n\nTests: t/test_b.py t/test_a.py::TestA\n"
-        "Fast-Tests: t/test_b.py::Fast\n---\n+Tests: t/not_a_field.py\n"
+    patches = _two_patches(
+        tmp_path,
+        "Tests: t/test_b.py t/test_a.py::TestA\nFast-Tests: t/test_b.py::Fast\n"
+        "---\n+Tests: t/not_a_field.py\n",
     )
     (patches / "proofs.json").write_text(
         json.dumps({"format": 1, "patches": {"0001-a.patch": {}, "0002-b.patch": {}}})
@@ -661,13 +669,7 @@ def test_bench_ci_takes_a_new_patch_out_of_every_record_and_no_other(
     tmp_path: Path,
 ) -> None:
     bench = load_script("bench_ci.py")
-    patches = tmp_path / "patches"
-    patches.mkdir()
-    (patches / "series").write_text("0001-a.patch\n0002-b.patch\n")
-    (patches / "0001-a.patch").write_text("Subject: a\n\nTests: t/test_a.py\n---\n")
-    (patches / "0002-b.patch").write_text(
-        "Subject: b\n\nTests: t/test_b.py t/test_a.py\n---\n"
-    )
+    patches = _two_patches(tmp_path, "Tests: t/test_b.py t/test_a.py\n---\n")
     both = {"0001-a.patch": {"k": 1}, "0002-b.patch": {"k": 2}}
     records = {
         "proofs.json": {"format": 1, "patches": dict(both)},
