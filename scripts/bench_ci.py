@@ -59,6 +59,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,31 +150,25 @@ def top_patch(root: Path) -> str:
 
 
 def leave_out(clone: Path, name: str) -> list[str]:
-    """The series without `name` (the top patch): its line, its file, its record
-    and the test files no other patch names. Returns the files removed."""
+    """The series without `name` (the top patch): its line, its file, its
+    records (unrecord) and the test files no other patch names. Returns the
+    files removed."""
     patches = clone / "patches"
     series = (patches / "series").read_text().splitlines(keepends=True)
     if top_patch(clone) != name:
         raise SystemExit(f"error: {name} is not the top patch of the series")
+    only = _only_tests(patches, name)
+    unrecord(clone, name)
     (patches / "series").write_text(
         "".join(line for line in series if line.strip() != name)
     )
-    tests = _tests_of(patches / name)
     (patches / name).unlink()
     removed = [f"patches/{name}"]
-    others = set()
-    for other in patches.glob("*.patch"):
-        others |= _tests_of(other)
-    for test in sorted(tests - others):
+    for test in sorted(only):
         path = clone / test
         if path.is_file():
             path.unlink()
             removed.append(test)
-    record = patches / "proofs.json"
-    if record.is_file():
-        data = json.loads(record.read_text())
-        data.get("patches", {}).pop(name, None)
-        record.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
     return removed
 
 
@@ -182,31 +177,33 @@ def unrecord(clone: Path, name: str) -> list[str]:
     (verify's, the matrix's, the upstream checks' and the registered tests' of
     the files only it names). Returns the records changed."""
     patches = clone / "patches"
-    only = _tests_of(patches / name)
-    for other in patches.glob("*.patch"):
-        if other.name != name:
-            only -= _tests_of(other)
-    entries = {
-        "proofs.json": lambda d: [d["patches"]],
-        "matrix-record.json": lambda d: list(d["releases"].values()),
-        "upstream-checks.json": lambda d: [d["checks"]],
+    # Each record's tables, and the keys of `name` in them.
+    only = sorted(_only_tests(patches, name))
+    records = {
+        "proofs.json": (lambda d: [d["patches"]], [name]),
+        "matrix-record.json": (lambda d: list(d["releases"].values()), [name]),
+        "upstream-checks.json": (lambda d: [d["checks"]], [name]),
+        "registered.json": (lambda d: [d["files"]], only),
     }
     changed = []
-    for record, tables in entries.items():
+    for record, (tables, keys) in records.items():
         path = patches / record
         if not path.is_file():
             continue
         data = json.loads(path.read_text())
-        if [t.pop(name) for t in tables(data) if name in t]:
+        if [t.pop(k) for t in tables(data) for k in keys if k in t]:
             path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
             changed.append(f"patches/{record}")
-    path = patches / "registered.json"
-    if path.is_file():
-        data = json.loads(path.read_text())
-        if [data["files"].pop(t) for t in sorted(only) if t in data["files"]]:
-            path.write_text(json.dumps(data, indent=1, sort_keys=True) + "\n")
-            changed.append("patches/registered.json")
     return changed
+
+
+def _only_tests(patches: Path, name: str) -> set[str]:
+    """The test files `name` names and no other patch of `patches` does."""
+    only = _tests_of(patches / name)
+    for other in patches.glob("*.patch"):
+        if other.name != name:
+            only -= _tests_of(other)
+    return only
 
 
 def record_registered(clone: Path, log: Path) -> None:
@@ -278,9 +275,8 @@ def _ci(
     command = ["bash", ".ci/run"] if not steps else ["scripts/test", *steps]
     if keep_going:
         command = ["scripts/test", "--keep-going", *steps]
-    env = {**os.environ, "XPU_SERIES_PROOF_SEED": str(seed)}
-    env.pop("XPU_SERIES_FRESH", None)
-    env.pop("CI", None)
+    env = {k: v for k, v in os.environ.items() if k not in ("CI", "XPU_SERIES_FRESH")}
+    env["XPU_SERIES_PROOF_SEED"] = str(seed)
     env.update({"CI": "true"} if ci else {})
     env.update({"XPU_SERIES_FRESH": "1"} if fresh else {})
     with log.open("w") as out:
@@ -387,10 +383,11 @@ def replay(paths: list[Path]) -> str:
     for path in paths:
         took = load_steps(path)
         first = sum(took.get(s.tag, 0.0) for s in run_steps.STEPS if s.lane == "first")
-        steps = [s for s in run_steps.STEPS if s.lane != "first" and s.tag in took]
-        lanes = [[s for s in steps if s.lane == lane] for lane in run_steps.LANES]
-        lanes = [lane for lane in lanes if lane]
-        own = [[_Costed(round(took[s.tag]), s.tag) for s in lane] for lane in lanes]
+        lanes = run_steps.lanes_of([s for s in run_steps.STEPS if s.tag in took])
+        own = [
+            [SimpleNamespace(cost_s=round(took[s.tag]), tag=s.tag) for s in lane]
+            for lane in lanes
+        ]
 
         def seconds(step: Any, took: dict[str, float] = took) -> float:
             return took[step.tag]
@@ -407,13 +404,6 @@ def replay(paths: list[Path]) -> str:
         "  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)) for r in rows
     )
     return "\n".join(line.rstrip() for line in lines)
-
-
-class _Costed:
-    """A step with other costs, for replay."""
-
-    def __init__(self, cost_s: int, tag: str) -> None:
-        self.cost_s, self.tag = cost_s, tag
 
 
 def quick_all() -> int:

@@ -564,13 +564,18 @@ def main(argv: list[str]) -> int:
         step_tmp.remove(scratch)
 
 
+def lanes_of(steps: list[Step]) -> list[list[Step]]:
+    """The steps after the "first" ones, lane by lane in LANES' order."""
+    lanes = [[s for s in steps if s.lane == lane] for lane in LANES]
+    return [lane for lane in lanes if lane]
+
+
 def _run_all(run: Run, chosen: list[Step], args: argparse.Namespace) -> int:
     """The steps, the summary, and the run's exit code."""
     try:
         for step in (s for s in chosen if s.lane == "first"):
             run_step(run, step)
-        lanes = [[s for s in chosen if s.lane == lane] for lane in LANES]
-        lanes = [lane for lane in lanes if lane]
+        lanes = lanes_of(chosen)
         if args.serial:
             lanes = [[s for lane in lanes for s in lane]]
         run_lanes(run, lanes, args.jobs)
